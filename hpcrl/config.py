@@ -1,0 +1,237 @@
+"""Typed, frozen run configuration read from flat TOML files.
+
+One flat table of fields, as dopamine's gin files and dqn_zoo's flags are flat: every field has one
+comment (its ``doc``) that states its unit. Two time units are used and never mixed:
+
+* **frames**: Atari emulator frames (4 per agent step with the standard frame skip). Budgets,
+  schedules and reporting follow Mnih et al. 2015 / dqn_zoo and count frames.
+* **agent steps**: one action chosen by an agent (one environment step after frame skip).
+  Sync periods and rollout lengths count agent steps. For classic-control tasks one agent step is
+  one frame.
+
+Validation happens before MPI does any communication and before torch is imported, so a bad
+config fails on every rank within a second with one line that names the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ALGOS = ("gorila", "one_step_q", "one_step_sarsa", "n_step_q", "a3c")
+MODES = ("bundled", "split")
+OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client")
+
+
+class ConfigError(ValueError):
+    """A config problem, reported as one line that names the file and the key."""
+
+
+def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
+       choices: tuple | None = None) -> Any:
+    return field(default=default, metadata={"doc": doc, "lo": lo, "hi": hi, "choices": choices})
+
+
+@dataclass(frozen=True)
+class Config:
+    """All settings of one run. Defaults: Gorila on Pong in bundled mode (Nair et al. 2015)."""
+
+    # --- what to run -------------------------------------------------------------------------
+    algo: str = _f("gorila", "algorithm: gorila | one_step_q | one_step_sarsa | n_step_q | a3c",
+                   choices=ALGOS)
+    game: str = _f("pong", "ale-py ROM id (snake_case, e.g. space_invaders) or CartPole-v1 / Acrobot-v1")
+    seed: int = _f(0, "base seed; rank r uses seed + 1000 * r", lo=0)
+    total_frames: int = _f(50_000_000, "training budget in env frames, summed over all actors", lo=1)
+    run_dir: str = _f("results/{algo}/{game}/seed-{seed}",
+                      "run directory; {algo}, {game}, {seed} are substituted")
+
+    # --- layout (see hpcrl.topology) ---------------------------------------------------------
+    mode: str = _f("bundled", "bundled: actor+replay+learner per rank (Gorila's main setup); "
+                   "split: separate actors, learners and global replay ranks", choices=MODES)
+    n_ps: int = _f(0, "parameter-server ranks; 0 = derive from world size (30 per 130 ranks, >= 1)",
+                   lo=0)
+    n_actors: int = _f(0, "split mode: actor ranks; 0 = all ranks left over", lo=0)
+    n_learners: int = _f(0, "split mode: learner ranks; 0 = all ranks left over", lo=0)
+    n_replay: int = _f(1, "split mode: global replay ranks (capacity grows with their number)", lo=0)
+    n_evaluators: int = _f(0, "evaluator ranks; 0 = actors evaluate between training episodes", lo=0)
+
+    # --- environment -------------------------------------------------------------------------
+    envs_per_actor: int = _f(1, "environments per actor rank, stepped with one batched forward",
+                             lo=1, hi=256)
+    frame_skip: int = _f(4, "env frames per agent step (Atari; max-pool over the last two)",
+                         lo=1, hi=16)
+    frame_stack: int = _f(4, "frames stacked into one observation (Atari)", lo=1, hi=16)
+    noop_max: int = _f(30, "up to this many random no-op agent steps at episode start", lo=0)
+    sticky_prob: float = _f(0.0, "sticky-action probability (0.25 in Machado et al. 2018)",
+                            lo=0.0, hi=1.0)
+    max_episode_frames: int = _f(108_000, "episode cap in env frames (30 minutes of play)", lo=1)
+    clip_rewards: bool = _f(True, "clip training rewards to [-1, 1] (returns stay unclipped)")
+    terminal_on_life_loss: bool = _f(True, "treat a lost life as terminal in training only")
+
+    # --- learning (shared) -------------------------------------------------------------------
+    gamma: float = _f(0.99, "discount factor", lo=0.0, hi=1.0)
+    optimizer: str = _f("adagrad", "update rule applied by the ps ranks", choices=OPTIMIZERS)
+    learning_rate: float = _f(0.0025, "learning rate (Gorila: AdaGrad; A3C: RMSProp)", lo=0.0)
+    lr_anneal: bool = _f(False, "anneal the learning rate linearly to 0 over total_frames (Mnih 2016)")
+    rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
+    optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots", lo=0.0)
+    momentum: float = _f(0.9, "momentum for optimizer = momentum", lo=0.0, hi=1.0)
+    max_staleness: int = _f(50, "ps drops gradients computed from parameters this many updates old",
+                            lo=0)
+    target_update_every: int = _f(10_000, "ps refreshes the target network every this many applied "
+                                  "updates (Gorila) / global agent steps (async methods)", lo=1)
+
+    # --- Gorila actor / learner / replay -----------------------------------------------------
+    actor_sync_every: int = _f(16, "actor pulls behaviour parameters every this many agent steps "
+                               "(1 = Gorila paper: before every acting step)", lo=1)
+    learner_sync_every: int = _f(1, "learner pulls parameters every this many updates", lo=1)
+    replay_capacity: int = _f(1_000_000, "transitions per replay memory (local: per actor; "
+                              "global: per replay rank)", lo=1)
+    replay_min_fill: int = _f(50_000, "transitions in a replay memory before learning starts", lo=1)
+    batch_size: int = _f(32, "minibatch size in transitions", lo=1)
+    update_every: int = _f(4, "bundled mode: one learner update per this many agent steps", lo=1)
+    loss: str = _f("huber", "DQN loss on the TD error: huber | clip", choices=("huber", "clip"))
+    outlier_k: float = _f(5.0, "drop gradients whose |loss| > running mean + k std (Gorila); 0 = off",
+                          lo=0.0)
+    epsilon_start: float = _f(1.0, "initial exploration epsilon", lo=0.0, hi=1.0)
+    epsilon_end: float = _f(0.1, "final exploration epsilon (Gorila / DQN)", lo=0.0, hi=1.0)
+    epsilon_frames: int = _f(1_000_000, "frames (per actor) over which epsilon anneals", lo=1)
+    network: str = _f("auto", "auto (conv for images, MLP for vectors) | nature | mlp",
+                      choices=("auto", "nature", "mlp"))
+    mlp_hidden: int = _f(64, "hidden units per layer of MLP networks (classic control)", lo=1)
+
+    # --- asynchronous methods (Mnih et al. 2016) ---------------------------------------------
+    t_max: int = _f(5, "rollout length in agent steps (n-step Q, A3C) / I_AsyncUpdate", lo=1)
+    entropy_beta: float = _f(0.01, "A3C entropy regularisation weight", lo=0.0)
+    value_coef: float = _f(0.5, "A3C value-loss coefficient", lo=0.0)
+    grad_clip_norm: float = _f(40.0, "clip gradient global norm (0 = off)", lo=0.0)
+    lstm: bool = _f(False, "A3C: LSTM variant (256 cells after the fc layer)")
+    anneal_frames: int = _f(4_000_000, "frames over which async epsilons anneal from 1", lo=1)
+
+    # --- evaluation --------------------------------------------------------------------------
+    eval_every_frames: int = _f(1_000_000, "evaluate every this many frames per evaluating rank; "
+                                "0 = never", lo=0)
+    eval_episodes: int = _f(5, "episodes per evaluation", lo=1)
+    eval_epsilon: float = _f(0.05, "epsilon during evaluation", lo=0.0, hi=1.0)
+
+    # --- parameter store / MPI ---------------------------------------------------------------
+    async_progress: bool = _f(False, "MPICH asynchronous progress thread (slow when "
+                              "oversubscribed; off by default)")
+    ps_idle_sleep_ms: float = _f(2.0, "ps sleeps this long between polls when idle", lo=0.0, hi=100.0)
+
+    # --- reporting / checkpoints -------------------------------------------------------------
+    log_every_s: float = _f(5.0, "rank 0 prints a progress line every this many seconds", lo=0.1)
+    checkpoint_every_min: float = _f(30.0, "write a checkpoint generation every this many minutes; "
+                                     "0 = only on signal / at the end", lo=0.0)
+    checkpoint_keep: int = _f(2, "complete checkpoint generations kept", lo=1)
+    checkpoint_replay: bool = _f(True, "include replay memories in checkpoints")
+    watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir.format(algo=self.algo, game=self.game, seed=self.seed))
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _check_value(origin: str, key: str, value: Any) -> Any:
+    """Type- and range-check one value; returns it coerced (int -> float where a float is due)."""
+    f = FIELDS.get(key)
+    if f is None:
+        close = [k for k in FIELDS if k.split("_")[0] == key.split("_")[0]][:3]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"{origin}: unknown key '{key}'{hint}")
+    kind = {"int": int, "float": float, "str": str, "bool": bool}[f.type]
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(f"{origin}: key '{key}' must be {f.type}, got "
+                          f"{type(value).__name__} {value!r}")
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{origin}: key '{key}' must be finite, got {value!r}")
+    meta = f.metadata
+    if meta["choices"] and value not in meta["choices"]:
+        raise ConfigError(f"{origin}: key '{key}' must be one of {', '.join(meta['choices'])}, "
+                          f"got {value!r}")
+    if meta["lo"] is not None and value < meta["lo"]:
+        raise ConfigError(f"{origin}: key '{key}' must be >= {meta['lo']}, got {value!r}")
+    if meta["hi"] is not None and value > meta["hi"]:
+        raise ConfigError(f"{origin}: key '{key}' must be <= {meta['hi']}, got {value!r}")
+    return value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse one ``--set key=value``; the value is read as a TOML value, else as a bare string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key, value
+
+
+def _cross_checks(cfg: Config, origin: str) -> None:
+    if cfg.epsilon_end > cfg.epsilon_start:
+        raise ConfigError(f"{origin}: key 'epsilon_end' ({cfg.epsilon_end}) must be <= "
+                          f"epsilon_start ({cfg.epsilon_start})")
+    if cfg.algo != "gorila" and cfg.mode != "bundled":
+        raise ConfigError(f"{origin}: key 'mode' must be 'bundled' for algo '{cfg.algo}' "
+                          "(asynchronous methods run actor-learner ranks)")
+    if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
+        raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "
+                          f"replay_capacity ({cfg.replay_capacity})")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Read a TOML file (or the embedded defaults when ``path`` is None) and apply overrides.
+
+    Raises:
+        ConfigError: one line naming the file (or ``--set``) and the offending key.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        origin = str(path)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{origin}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+        for key, value in data.items():
+            if isinstance(value, dict):
+                raise ConfigError(f"{origin}: key '{key}' is a table; hpcrl configs are flat "
+                                  "key = value files")
+            values[key] = _check_value(origin, key, value)
+    for text in overrides:
+        key, value = parse_override(text)
+        values[key] = _check_value(f"--set {key}", key, value)
+    cfg = Config(**values)
+    _cross_checks(cfg, str(path) if path is not None else "config")
+    return cfg
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML, one commented line per field (written to the run dir)."""
+    lines = ["# hpcrl resolved config (every field, defaults included)"]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        else:
+            text = repr(value)
+        lines.append(f"{f.name} = {text}  # {f.metadata['doc']}")
+    return "\n".join(lines) + "\n"

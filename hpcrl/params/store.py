@@ -1,0 +1,387 @@
+"""Sharded parameter store over one-sided MPI RMA windows.
+
+Differs from Gorila (Nair et al. 2015): there the parameter servers are RPC servers on separate
+machines. Here each shard is memory in an MPI window hosted by a ps rank, and clients read and
+write it with one-sided operations, so a client never waits for the server's Python loop to
+answer a request, and the same code runs on one node (shared memory) or many.
+
+Per ps rank, three windows over the store communicator (every rank joins; non-ps ranks expose
+zero bytes):
+
+* ``par``  float32 ``[4, n]``: parameters in a double buffer (rows 0/1) and the target network
+  in a double buffer (rows 2/3). Version ``v`` of the parameters lives in row ``v % 2``.
+* ``slot`` float32 ``[n_clients, n + 1]``: one gradient inbox per client, the last float being the
+  learning rate that client asks for (the clients own the lr schedule, e.g. A3C's annealing).
+* ``hdr``  int64: counters (below) and one flag per client slot (0 = empty, else version + 1).
+
+**Consistent reads (seqlock over a double buffer).** The ps writes version ``v + 1`` into row
+``(v + 1) % 2`` while readers read row ``v % 2``. Before it starts writing version ``u`` it
+publishes ``S = u``; after, ``V = u``. A reader fetches ``V = v``, ``Get``s row ``v % 2``,
+``Flush``es, then fetches ``S``: the row it read was untouched iff ``S <= v + 1`` (the write of
+``v + 2``, the next one to reuse that row, had not begun), else it retries. A plain ``Get`` that
+overlaps a local update can return a mix of two versions (measured on this MPICH; see
+ARCHITECTURE.md §3), which is what this prevents.
+
+**Progress.** Every rank opens one passive epoch per window with ``Lock_all(MODE_NOCHECK)`` at
+creation and completes operations with ``Flush``: with MPICH a ``Lock`` needs the target's help
+and stalls while the ps computes outside MPI, whereas ``Flush`` on a NOCHECK epoch does not
+(ARCHITECTURE.md §3: 2.8 ms for a 1.7 M-float Get while the target slept).
+
+**Pushes.** A client ``Put``s its gradient into its own slot on every shard, ``Flush``es, then sets
+the slot's flag atomically to ``version + 1``. The ps polls the flags, applies or drops each
+gradient through :class:`hpcrl.optim.ShardOptimizer` and clears the flag; a client waits for its
+flag to be clear before it writes the slot again. One gradient per optimiser step, as the paper's
+servers apply each gradient they receive (an ``Accumulate`` inbox would merge gradients before
+AdaGrad/RMSProp see them and lose the version each one was computed from).
+
+**Shards.** Each shard counts its own versions; a pull returns one version per shard and a push
+tags each shard's part with that shard's version. As in Gorila's sharded servers, different
+shards may be at slightly different versions at any moment.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcrl.optim import ShardOptimizer
+from hpcrl.topology import shard_ranges
+
+# Header words (int64) of every shard; only those of shard 0 hold the global counters.
+V, S, TV, TS, APPLIED, STALE, NONFINITE, DONE, TARGET_REQ, STOP, FRAMES, STEPS, EPISODES = range(13)
+HDR_WORDS = 16
+
+_NO_OP_ORIGIN = np.zeros(1, np.int64)
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """What every rank must agree on to create the store collectively."""
+
+    n_params: int
+    ps_ranks: tuple[int, ...]
+    client_ranks: tuple[int, ...]
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        return shard_ranges(self.n_params, len(self.ps_ranks))
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.client_ranks)
+
+
+class ParameterStore:
+    """One rank's handle on the store: a ps rank hosts one shard, a client reads and writes all.
+
+    Call order (collective parts marked):
+
+        store = ParameterStore(comm, spec)          # collective: windows + epochs
+        store.initialize(theta0)                    # collective; theta0 given on one client
+        # clients:                                  # ps ranks: ShardServer(store, ...).serve()
+        versions = store.pull(theta)
+        store.push(grad, versions, lr)
+        store.done()
+        store.free()                                # collective
+    """
+
+    def __init__(self, comm: MPI.Comm, spec: StoreSpec):
+        self.comm, self.spec = comm, spec
+        self.rank = comm.Get_rank()
+        self.n_ps = len(spec.ps_ranks)
+        self.shard = spec.ps_ranks.index(self.rank) if self.rank in spec.ps_ranks else None
+        self.client = (spec.client_ranks.index(self.rank)
+                       if self.rank in spec.client_ranks else None)
+        self.sizes = [b - a for a, b in spec.ranges]
+        n = self.sizes[self.shard] if self.shard is not None else 0
+        ncl = spec.n_clients
+        own = self.shard is not None
+        self.win_par = MPI.Win.Allocate(4 * n * 4 if own else 0, 4, comm=comm)
+        self.win_slot = MPI.Win.Allocate(ncl * (n + 1) * 4 if own else 0, 4, comm=comm)
+        self.win_hdr = MPI.Win.Allocate((HDR_WORDS + ncl) * 8 if own else 0, 8, comm=comm)
+        self._wins = (self.win_par, self.win_slot, self.win_hdr)
+        if own:
+            self.par = np.frombuffer(self.win_par.tomemory(), np.float32).reshape(4, n)
+            self.slots = np.frombuffer(self.win_slot.tomemory(), np.float32).reshape(ncl, n + 1)
+            self.hdr = np.frombuffer(self.win_hdr.tomemory(), np.int64)
+            self.par[...] = 0
+            self.slots[...] = 0
+            self.hdr[...] = 0
+        for win in self._wins:
+            win.Lock_all(MPI.MODE_NOCHECK)
+        self._res = np.zeros(max(self.n_ps, 1), np.int64)
+        self._res2 = np.zeros(max(self.n_ps, 1), np.int64)
+        self._word = np.zeros(1, np.int64)
+        self._lr = np.zeros(1, np.float32)
+        self._freed = False
+        comm.Barrier()
+
+    # ------------------------------------------------------------------ atomics on header words
+    def _fetch_words(self, word: int | list[int], shards, out: np.ndarray) -> None:
+        """out[j] = header word of shard j (atomic NO_OP fetch), for j in shards."""
+        words = word if isinstance(word, list) else [word] * self.n_ps
+        for j in shards:
+            self.win_hdr.Fetch_and_op(_NO_OP_ORIGIN, out[j:j + 1], self.spec.ps_ranks[j],
+                                      words[j], MPI.NO_OP)
+        self.win_hdr.Flush_all()
+
+    def _atomic(self, shard: int, word: int, value: int, op=MPI.REPLACE) -> int:
+        """Apply ``op`` to one header word of ``shard``; returns the old value."""
+        self._word[0] = value
+        out = np.zeros(1, np.int64)
+        target = self.spec.ps_ranks[shard]
+        self.win_hdr.Fetch_and_op(self._word, out, target, word, op)
+        self.win_hdr.Flush(target)
+        return int(out[0])
+
+    def read_word(self, shard: int, word: int) -> int:
+        return self._atomic(shard, word, 0, MPI.NO_OP)
+
+    # ------------------------------------------------------------------ set-up
+    def initialize(self, theta0: np.ndarray | None) -> None:
+        """Collective. The one rank that passes ``theta0`` writes it as version 0 and target 0."""
+        if theta0 is not None:
+            theta0 = np.ascontiguousarray(theta0, np.float32)
+            assert theta0.shape == (self.spec.n_params,), theta0.shape
+            for j, (a, b) in enumerate(self.spec.ranges):
+                target, n = self.spec.ps_ranks[j], b - a
+                self.win_par.Put(theta0[a:b], target, (0, n, MPI.FLOAT))
+                self.win_par.Put(theta0[a:b], target, (2 * n, n, MPI.FLOAT))
+            self.win_par.Flush_all()
+        self.comm.Barrier()
+        if self.shard is not None:
+            self.win_par.Sync()
+
+    # ------------------------------------------------------------------ client side
+    def _read_rows(self, out: np.ndarray, v_word: int, s_word: int, row0: int) -> np.ndarray:
+        vres, sres = self._res, self._res2
+        pending = list(range(self.n_ps))
+        while pending:
+            self._fetch_words(v_word, pending, vres)
+            for j in pending:
+                a, b = self.spec.ranges[j]
+                n = b - a
+                row = row0 + int(vres[j]) % 2
+                self.win_par.Get(out[a:b], self.spec.ps_ranks[j], (row * n, n, MPI.FLOAT))
+            self.win_par.Flush_all()
+            self._fetch_words(s_word, pending, sres)
+            pending = [j for j in pending if sres[j] > vres[j] + 1]
+        return vres[:self.n_ps].copy()
+
+    def pull(self, out: np.ndarray) -> np.ndarray:
+        """Fill ``out`` (float32 [n_params]) with a consistent snapshot of every shard.
+
+        Returns:
+            int64 [n_ps]: the version of each shard that was read (tag pushes with it).
+        """
+        return self._read_rows(out, V, S, 0)
+
+    def pull_target(self, out: np.ndarray) -> np.ndarray:
+        """Like :meth:`pull` for the target-network copy; returns each shard's target version."""
+        return self._read_rows(out, TV, TS, 2)
+
+    def _flag_word(self) -> int:
+        return HDR_WORDS + self.client
+
+    def push(self, grad: np.ndarray, versions: np.ndarray, lr: float,
+             poll_s: float = 50e-6) -> None:
+        """Hand one gradient to every shard, tagged with the versions it was computed from.
+
+        Waits (polling) while this client's previous gradient is still in a shard's inbox.
+        """
+        grad = np.ascontiguousarray(grad, np.float32)
+        self._lr[0] = lr
+        flag = self._flag_word()
+        flags = self._res
+        pending = list(range(self.n_ps))
+        while pending:
+            self._fetch_words(flag, pending, flags)
+            free = [j for j in pending if flags[j] == 0]
+            for j in free:
+                a, b = self.spec.ranges[j]
+                n, target = b - a, self.spec.ps_ranks[j]
+                base = self.client * (n + 1)
+                self.win_slot.Put(grad[a:b], target, (base, n, MPI.FLOAT))
+                self.win_slot.Put(self._lr, target, (base + n, 1, MPI.FLOAT))
+            self.win_slot.Flush_all()
+            for j in free:
+                self._word[0] = int(versions[j]) + 1
+                self.win_hdr.Accumulate(self._word, self.spec.ps_ranks[j], flag, MPI.REPLACE)
+            self.win_hdr.Flush_all()
+            pending = [j for j in pending if flags[j] != 0]
+            if pending:
+                time.sleep(poll_s)
+
+    def wait_consumed(self, poll_s: float = 50e-6) -> None:
+        """Block until every shard has taken this client's last gradient out of its inbox."""
+        pending = list(range(self.n_ps))
+        while pending:
+            self._fetch_words(self._flag_word(), pending, self._res)
+            pending = [j for j in pending if self._res[j] != 0]
+            if pending:
+                time.sleep(poll_s)
+
+    def add_global(self, word: int, n: int) -> int:
+        """Atomically add ``n`` to a global counter (FRAMES, STEPS, EPISODES, TARGET_REQ) on
+        shard 0; returns the new total."""
+        return self._atomic(0, word, n, MPI.SUM) + n
+
+    def request_target_refresh(self) -> None:
+        """Ask every shard to copy its parameters to the target copy (async methods' I_target)."""
+        for j in range(self.n_ps):
+            self._atomic(j, TARGET_REQ, 1, MPI.SUM)
+
+    def done(self) -> None:
+        """This client will push no more: a shard stops serving when all clients said so."""
+        for j in range(self.n_ps):
+            self._atomic(j, DONE, 1, MPI.SUM)
+
+    def stop_all(self) -> None:
+        """Ask every shard to stop serving now (budget reached / shutdown requested)."""
+        for j in range(self.n_ps):
+            self._atomic(j, STOP, 1, MPI.REPLACE)
+
+    def counters(self) -> dict[str, int]:
+        """Sums over shards of the applied / dropped counts, plus the global counters."""
+        words = {"applied": APPLIED, "dropped_stale": STALE, "dropped_nonfinite": NONFINITE}
+        out = {}
+        for name, word in words.items():
+            self._fetch_words(word, range(self.n_ps), self._res)
+            out[name] = int(self._res[:self.n_ps].sum())
+        for name, word in {"frames": FRAMES, "steps": STEPS, "episodes": EPISODES}.items():
+            out[name] = self.read_word(0, word)
+        return out
+
+    # ------------------------------------------------------------------ teardown
+    def free(self) -> None:
+        """Collective. Safe to call twice."""
+        if self._freed:
+            return
+        self._freed = True
+        self.comm.Barrier()
+        for win in self._wins:
+            win.Unlock_all()
+            win.Free()
+
+    def _check(self) -> None:
+        if self._freed:
+            raise RuntimeError("parameter store already freed")
+
+
+class ShardServer:
+    """The loop of a ps rank: apply or drop the gradients that arrive in its shard's inboxes.
+
+    Stays inside MPI every ``idle_sleep_s`` at most while idle (one atomic read of the flags per
+    poll), so it neither stalls RMA progress nor burns a core.
+    """
+
+    def __init__(self, store: ParameterStore, optimizer: ShardOptimizer, *,
+                 max_staleness: int, target_update_every: int):
+        assert store.shard is not None, "ShardServer runs on a ps rank"
+        self.store, self.opt = store, optimizer
+        self.max_staleness = max_staleness
+        self.target_update_every = target_update_every
+        self.n = store.sizes[store.shard]
+        self.me = store.rank
+        self._flags = np.zeros(store.spec.n_clients, np.int64)
+        self._ncl = store.spec.n_clients
+        self._zeros = np.zeros(self._ncl, np.int64)
+        self.version = 0
+        self.target_version = 0
+        self.targets_served = 0
+
+    def _set(self, word: int, value: int) -> None:
+        self.store._atomic(self.store.shard, word, value, MPI.REPLACE)
+
+    def _add(self, word: int, n: int = 1) -> None:
+        self.store._atomic(self.store.shard, word, n, MPI.SUM)
+
+    def _read_flags(self) -> np.ndarray:
+        win = self.store.win_hdr
+        win.Get_accumulate(self._zeros, self._flags, self.me, (HDR_WORDS, self._ncl, MPI.INT64_T),
+                           MPI.NO_OP)
+        win.Flush(self.me)
+        return self._flags
+
+    def poll(self) -> int:
+        """Process every full inbox once; returns how many gradients were taken."""
+        flags = self._read_flags()
+        taken = 0
+        for client in np.flatnonzero(flags):
+            self._take(int(client), int(flags[client]) - 1)
+            taken += 1
+        self._maybe_refresh_target()
+        return taken
+
+    def _take(self, client: int, tag: int) -> None:
+        self.store.win_slot.Sync()
+        row = self.store.slots[client]
+        grad, lr = row[:self.n], float(row[self.n])
+        if not np.isfinite(grad.sum(dtype=np.float64)) or not np.isfinite(lr):
+            self._add(NONFINITE)
+        elif self.version - tag > self.max_staleness:
+            self._add(STALE)
+        else:
+            self._apply(grad, lr, client)
+        self.store._atomic(self.store.shard, HDR_WORDS + client, 0, MPI.REPLACE)
+
+    def _apply(self, grad: np.ndarray, lr: float, client: int) -> None:
+        v, par = self.version, self.store.par
+        self._set(S, v + 1)                               # readers of row (v+1)%2 must retry
+        self.opt.step(par[v % 2], grad, par[(v + 1) % 2], lr, client)
+        self.store.win_par.Sync()
+        self._set(V, v + 1)
+        self.version = v + 1
+        self._add(APPLIED)
+        if self.target_update_every and self.version % self.target_update_every == 0:
+            self.refresh_target()
+
+    def refresh_target(self) -> None:
+        """Copy the current parameters into the target double buffer (Gorila's theta-)."""
+        u, par = self.target_version + 1, self.store.par
+        self._set(TS, u)
+        par[2 + u % 2] = par[self.version % 2]
+        self.store.win_par.Sync()
+        self._set(TV, u)
+        self.target_version = u
+
+    def _maybe_refresh_target(self) -> None:
+        requested = self.store.read_word(self.store.shard, TARGET_REQ)
+        while self.targets_served < requested:
+            self.refresh_target()
+            self.targets_served += 1
+
+    def finished(self) -> bool:
+        st = self.store
+        return (st.read_word(st.shard, STOP) > 0
+                or st.read_word(st.shard, DONE) >= st.spec.n_clients)
+
+    def serve(self, idle_sleep_s: float = 2e-3, on_tick=None, tick_s: float = 0.02) -> None:
+        """Run until every client called ``done()`` (or someone called ``stop_all()``).
+
+        ``on_tick`` (rank 0's metrics gathering) runs at most every ``tick_s`` seconds, busy or not.
+        """
+        last_tick = 0.0
+        while True:
+            taken = self.poll()
+            if on_tick is not None and time.monotonic() - last_tick >= tick_s:
+                on_tick()
+                last_tick = time.monotonic()
+            if taken:
+                continue
+            if self.finished():
+                self.poll()                                 # drain what raced with DONE
+                return
+            time.sleep(idle_sleep_s)
+
+    # ------------------------------------------------------------------ state (checkpoints)
+    def get_state(self) -> dict[str, np.ndarray]:
+        par = self.store.par
+        state = {f"opt/{k}": v for k, v in self.opt.get_state().items()}
+        state.update(params=par[self.version % 2].copy(),
+                     target=par[2 + self.target_version % 2].copy(),
+                     version=np.int64(self.version), target_version=np.int64(self.target_version))
+        return state

@@ -1,0 +1,87 @@
+"""Config parsing: types, ranges, unknown keys, overrides, the resolved TOML round trip."""
+
+import tomllib
+
+import pytest
+
+from hpcrl.config import Config, ConfigError, load_config, parse_override, to_toml
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_gorila_pong_bundled():
+    cfg = load_config(None)
+    assert (cfg.algo, cfg.game, cfg.mode, cfg.optimizer) == ("gorila", "pong", "bundled", "adagrad")
+
+
+def test_file_and_overrides(tmp_path):
+    p = write(tmp_path, 'game = "CartPole-v1"\ntotal_frames = 1000\nlearning_rate = 1\n')
+    cfg = load_config(p, ["total_frames=2000", "algo=a3c", "lstm=true"])
+    assert cfg.game == "CartPole-v1" and cfg.total_frames == 2000 and cfg.algo == "a3c"
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert cfg.lstm is True
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("totl_frames = 5\n", "unknown key 'totl_frames'"),
+    ('total_frames = "many"\n', "key 'total_frames' must be int, got str 'many'"),
+    ("total_frames = 1.5\n", "key 'total_frames' must be int"),
+    ("total_frames = true\n", "key 'total_frames' must be int"),
+    ("gamma = 1.5\n", "key 'gamma' must be <= 1.0, got 1.5"),
+    ("batch_size = 0\n", "key 'batch_size' must be >= 1, got 0"),
+    ('algo = "ppo"\n', "key 'algo' must be one of gorila, one_step_q"),
+    ("[env]\ngame = 'pong'\n", "key 'env' is a table"),
+    ("total_frames = \n", "not valid TOML"),
+    ("epsilon_end = 0.9\nepsilon_start = 0.5\n", "key 'epsilon_end' (0.9) must be <= "),
+])
+def test_bad_file_is_one_line_naming_file_and_key(tmp_path, text, fragment):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert fragment in msg and msg.startswith(str(p)) and "\n" not in msg
+
+
+def test_bad_override_names_the_key():
+    with pytest.raises(ConfigError, match=r"^--set gamma: key 'gamma' must be <= 1.0"):
+        load_config(None, ["gamma=2"])
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(None, ["gamma"])
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="nope.toml: config file not found"):
+        load_config("nope.toml")
+
+
+def test_parse_override_reads_toml_values_and_bare_strings():
+    assert parse_override("seed=3") == ("seed", 3)
+    assert parse_override("game=space_invaders") == ("game", "space_invaders")
+    assert parse_override("lstm=false") == ("lstm", False)
+
+
+def test_resolved_toml_round_trips(tmp_path):
+    cfg = load_config(None, ["game=breakout", "seed=7", "learning_rate=0.001"])
+    text = to_toml(cfg)
+    assert all(line.count("#") >= 1 for line in text.splitlines()[1:])
+    p = write(tmp_path, text)
+    assert load_config(p) == cfg
+
+
+def test_every_field_has_a_doc():
+    import dataclasses
+    for f in dataclasses.fields(Config):
+        assert f.metadata["doc"], f.name
+
+
+def test_shipped_configs_parse():
+    import pathlib
+    files = sorted(pathlib.Path(__file__).parent.parent.glob("configs/*.toml"))
+    assert files
+    for f in files:
+        load_config(f)
+        tomllib.loads(f.read_text())

@@ -1,0 +1,32 @@
+"""Launch real MPI jobs from tests: mpiexec from the same environment as this Python."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mpiexec_path() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 120, cwd: Path | str = ROOT,
+            env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``mpiexec -n n python ARGS``; returns (completed process, wall seconds).
+
+    A hang is a failure: the whole process group is killed at ``timeout``.
+    """
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    t0 = time.monotonic()
+    proc = subprocess.run([mpiexec_path(), "-n", str(n), sys.executable, *args], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - t0
