@@ -1,0 +1,229 @@
+"""Tests of hpcrl.envs: DQN preprocessing semantics (Mnih et al. 2015) behind the batched API."""
+
+import subprocess
+import sys
+
+import ale_py
+import numpy as np
+import pytest
+
+from hpcrl.envs import StepResult, make_env, resize_84x84
+
+
+def _random_actions(env, seed, num_steps):
+    return np.random.default_rng(seed).integers(0, env.num_actions, (num_steps, env.num_envs))
+
+
+def test_shapes_and_dtypes():
+    env = make_env("pong", 2, 0, training=True)
+    assert (env.num_envs, env.num_actions, env.frames_per_step) == (2, 6, 4)
+    assert env.obs_shape == (4, 84, 84) and env.frame_shape == (84, 84)
+    obs = env.reset()
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+    res = env.step(np.array([0, 1]))
+    assert isinstance(res, StepResult)
+    assert res.obs.shape == (2, 4, 84, 84) and res.obs.dtype == np.uint8
+    assert res.last_frame.shape == (2, 84, 84) and res.last_frame.dtype == np.uint8
+    for name in ("reward", "raw_reward", "episode_return"):
+        assert getattr(res, name).shape == (2,) and getattr(res, name).dtype == np.float32
+    for name in ("terminal", "episode_end"):
+        assert getattr(res, name).dtype == np.bool_
+    assert res.episode_frames.dtype == np.int64
+    with pytest.raises(ValueError):
+        env.step(np.array([0, 6]))
+    with pytest.raises(ValueError):
+        env.step(np.array([0]))
+    env.close()
+
+
+def test_stack_zeros_at_reset_newest_last_and_shift():
+    env = make_env("pong", 2, 1, training=True)
+    obs = env.reset()
+    assert not obs[:, :3].any()          # zeros ...
+    assert obs[:, 3].any()               # ... + the first frame, newest last
+    for a in _random_actions(env, 0, 5):
+        res = env.step(a)
+        assert not res.episode_end.any()
+        np.testing.assert_array_equal(res.obs[:, :3], obs[:, 1:])
+        np.testing.assert_array_equal(res.obs[:, 3], res.last_frame)
+        obs = res.obs
+    assert obs[:, 0].any()               # after 5 steps the zeros are gone
+
+
+def test_frame_skip_and_max_pool_match_a_reference_loop():
+    """last_frame == resize(max(screen after frame 3, screen after frame 4)) of a raw ALE
+    restored from the env's state and driven by hand, one emulator frame at a time."""
+    env = make_env("breakout", 1, 3, training=True)
+    env.reset()
+    ref = ale_py.ALEInterface()
+    ref.setFloat("repeat_action_probability", 0.0)
+    ref.setInt("frame_skip", 1)
+    ref.loadROM(str(ale_py.roms.get_rom_path("breakout")))
+    actions = ref.getMinimalActionSet()
+    pooling_mattered = 0
+    for a in _random_actions(env, 1, 30):
+        ref.restoreState(ale_py.ALEState(env.get_state()["ale_0"].tobytes()))
+        frame0 = ref.getEpisodeFrameNumber()
+        screens = []
+        for _ in range(4):
+            ref.act(actions[a[0]])
+            screens.append(ref.getScreenGrayscale())
+        res = env.step(a)
+        expected = resize_84x84(np.maximum(screens[2], screens[3])[None])[0]
+        np.testing.assert_array_equal(res.last_frame[0], expected)
+        assert ref.getEpisodeFrameNumber() - frame0 == 4
+        pooling_mattered += not np.array_equal(resize_84x84(screens[3][None])[0], expected)
+    assert pooling_mattered > 0   # the last screen alone would have failed this test
+
+
+def test_frames_per_agent_step_and_truncation():
+    """noop_max=0, cap 40 frames: the episode is cut after 10 agent steps of 4 frames."""
+    env = make_env("pong", 1, 0, training=True, noop_max=0, max_episode_frames=40)
+    first = env.reset()
+    for t in range(10):
+        res = env.step(np.array([0]))
+        assert res.episode_end[0] == (t == 9)
+    assert res.episode_frames[0] == 40
+    assert not res.terminal[0]           # truncation is not a terminal: bootstrap stays on
+    np.testing.assert_array_equal(res.obs, first)   # fresh stack (no no-ops: same start)
+    assert not np.array_equal(res.last_frame[0], first[0, 3])  # last_frame is the old episode's
+
+
+def test_noop_starts_count_in_episode_frames():
+    env = make_env("pong", 4, 5, training=True, noop_max=30, max_episode_frames=1000)
+    env.reset()
+    noops = env.get_state()["episode_frames_so_far"].copy()
+    assert noops.min() >= 0 and noops.max() <= 30 and len(set(noops.tolist())) > 1
+    for _ in range((1000 - 30) // 4 + 1):
+        res = env.step(np.zeros(4, np.int64))
+        if res.episode_end.any():
+            break
+    # The env whose noops were most ends first, at exactly 1000 frames (noops + 4k, cut at cap).
+    assert res.episode_end[np.argmax(noops)]
+    assert (res.episode_frames[res.episode_end] == 1000).all()
+
+
+def test_reward_clipping_only_in_training():
+    train = make_env("space_invaders", 2, 7, training=True)
+    evalu = make_env("space_invaders", 2, 7, training=False)
+    train.reset(), evalu.reset()
+    raws = []
+    for a in _random_actions(train, 2, 400):
+        rt, re = train.step(a), evalu.step(a)
+        np.testing.assert_array_equal(rt.raw_reward, re.raw_reward)   # same seed, same game
+        np.testing.assert_array_equal(rt.reward, np.clip(rt.raw_reward, -1, 1))
+        np.testing.assert_array_equal(re.reward, re.raw_reward)
+        raws.append(rt.raw_reward)
+    assert np.concatenate(raws).max() > 1    # space invaders pays 5-30 per alien
+
+
+def test_life_loss_terminal_only_in_training():
+    train = make_env("breakout", 1, 11, training=True)
+    evalu = make_env("breakout", 1, 11, training=False)
+    no_flag = make_env("breakout", 1, 11, training=True, terminal_on_life_loss=False)
+    envs = (train, evalu, no_flag)
+    for e in envs:
+        e.reset()
+    lives = [train.get_state()["lives"][0]]
+    life_loss_steps = []
+    for t, a in enumerate(_random_actions(train, 3, 2000)):
+        rt, re, rn = (e.step(a) for e in envs)
+        lives.append(train.get_state()["lives"][0])
+        if rt.episode_end[0]:
+            break
+        if lives[-1] < lives[-2]:
+            life_loss_steps.append(t)
+            assert rt.terminal[0] and not re.terminal[0] and not rn.terminal[0]
+        else:
+            assert not (rt.terminal[0] or re.terminal[0] or rn.terminal[0])
+        assert not (re.episode_end[0] or rn.episode_end[0])   # a lost life does not reset
+    assert len(life_loss_steps) >= 2, "random play should lose lives within 2000 steps"
+    assert lives[0] == 5
+
+
+def test_auto_reset_return_is_sum_of_raw_rewards():
+    env = make_env("space_invaders", 3, 4, training=True, max_episode_frames=1200)
+    obs = env.reset()
+    running = np.zeros(3)
+    num_ended = 0
+    for a in _random_actions(env, 4, 400):
+        res = env.step(a)
+        running += res.raw_reward
+        for i in np.flatnonzero(res.episode_end):
+            assert res.episode_return[i] == pytest.approx(running[i])
+            assert not res.obs[i, :3].any() and res.obs[i, 3].any()   # fresh stack
+            # last_frame belongs to the old episode: it is not the new first frame
+            assert not np.array_equal(res.last_frame[i], res.obs[i, 3])
+            running[i] = 0
+            num_ended += 1
+        assert (res.episode_return[~res.episode_end] == 0).all()
+    assert num_ended >= 3
+
+
+def test_unknown_game_raises_with_list_hint():
+    with pytest.raises(ValueError, match=r"python -m hpcrl\.games --list") as info:
+        make_env("not_a_game", 1, 0, training=True)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["Pong", "ALE/Pong-v5", "PongNoFrameskip-v4"])
+def test_gymnasium_style_ids(name):
+    assert make_env(name, 1, 0, training=False).game == "pong"
+
+
+def test_cartpole_through_the_same_interface():
+    env = make_env("CartPole-v1", 3, 0, training=True)
+    assert env.obs_shape == env.frame_shape == (4,) and env.num_actions == 2
+    assert env.frames_per_step == 1
+    obs = env.reset()
+    assert obs.shape == (3, 4) and obs.dtype == np.float32
+    lengths = np.zeros(3, int)
+    ended = 0
+    for a in _random_actions(env, 0, 200):
+        res = env.step(a)
+        lengths += 1
+        for i in np.flatnonzero(res.episode_end):
+            # CartPole pays +1 per step, so return == length == frames
+            assert res.episode_frames[i] == lengths[i] == res.episode_return[i]
+            assert res.terminal[i]             # pole fell (random play never reaches 500)
+            assert not np.array_equal(res.obs[i], res.last_frame[i])
+            lengths[i] = 0
+            ended += 1
+    assert ended > 5
+    assert make_env("acrobot", 1, 0, training=True).num_actions == 3
+
+
+def _trajectory(env, actions):
+    out = []
+    for a in actions:
+        r = env.step(a)
+        out.append((r.obs, r.raw_reward, r.terminal, r.episode_end))
+    return out
+
+
+def _assert_same(t1, t2):
+    for x, y in zip(t1, t2):
+        for u, v in zip(x, y):
+            np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("game", ["pong", "CartPole-v1"])
+def test_determinism_and_state_round_trip(game):
+    kwargs = dict(training=True, sticky_prob=0.25)
+    e1, e2, e3 = make_env(game, 2, 9, **kwargs), make_env(game, 2, 9, **kwargs), make_env(game, 2, 10, **kwargs)
+    actions = _random_actions(e1, 5, 60)
+    np.testing.assert_array_equal(e1.reset(), e2.reset())
+    e3.reset()
+    t1, t2, t3 = _trajectory(e1, actions[:30]), _trajectory(e2, actions[:30]), _trajectory(e3, actions[:30])
+    _assert_same(t1, t2)
+    assert any(not np.array_equal(x[0], y[0]) for x, y in zip(t1, t3))   # another seed differs
+    state = e1.get_state()
+    assert all(isinstance(v, np.ndarray) for v in state.values())
+    rest1 = _trajectory(e1, actions[30:])
+    e3.set_state(state)                       # e3 continues e1's game, RNGs included
+    _assert_same(rest1, _trajectory(e3, actions[30:]))
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, hpcrl.envs, hpcrl.games; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,114 @@
+"""Tests of hpcrl.networks: parameter counts by hand, shapes, flat round trips, LSTM resets."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.networks import (A3CNetwork, MLPActorCritic, MLPQNetwork, NatureQNetwork, ParamLayout,
+                            build_actor_critic, build_q_network, num_params, reset_lstm_state)
+
+torch.set_num_threads(1)
+
+
+def test_nature_dqn_parameter_count_by_hand():
+    # Input 4x84x84. Conv sizes: (84-8)/4+1 = 20, (20-4)/2+1 = 9, (9-3)/1+1 = 7.
+    # conv1 4*32*8*8 + 32   =     8,224
+    # conv2 32*64*4*4 + 64  =    32,832
+    # conv3 64*64*3*3 + 64  =    36,928
+    # fc    64*7*7*512 + 512 = 1,606,144   (3136 inputs)
+    # q     512*6 + 6       =     3,078
+    # total                 = 1,687,206
+    net = NatureQNetwork((4, 84, 84), 6)
+    assert num_params(net) == 8_224 + 32_832 + 36_928 + 1_606_144 + 3_078 == 1_687_206
+    assert ParamLayout.from_module(net).size == 1_687_206
+
+
+def test_a3c_parameter_count_by_hand():
+    # conv1 4*16*64 + 16 = 4,112; (84-8)/4+1 = 20; conv2 16*32*16 + 32 = 8,224; (20-4)/2+1 = 9
+    # fc 32*9*9*256 + 256 = 663,808; policy 256*6 + 6 = 1,542; value 256 + 1 = 257
+    ff = 4_112 + 8_224 + 663_808 + 1_542 + 257
+    assert num_params(A3CNetwork((4, 84, 84), 6)) == ff == 677_943
+    # LSTMCell(256, 256): 4 gates * (256*256 input + 256*256 hidden + 256 + 256 biases)
+    assert num_params(A3CNetwork((4, 84, 84), 6, lstm=True)) == ff + 4 * (2 * 256 * 256 + 2 * 256)
+
+
+def test_output_shapes_and_uint8_scaling():
+    q = build_q_network((4, 84, 84), 6)
+    assert isinstance(q, NatureQNetwork)
+    x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    out = q(x)
+    assert out.shape == (3, 6) and out.dtype == torch.float32
+    torch.testing.assert_close(out, q(x.float() / 255.0))   # scaled by 1/255 inside
+    assert isinstance(build_q_network((4,), 2), MLPQNetwork)
+    assert build_q_network((4,), 2)(torch.zeros(5, 4)).shape == (5, 2)
+    with pytest.raises(ValueError):
+        build_q_network((4,), 2, kind="dueling")
+    for lstm in (False, True):
+        ac = build_actor_critic((4, 84, 84), 6, lstm=lstm)
+        assert isinstance(ac, A3CNetwork)
+        logits, value, state = ac(x, ac.initial_state(3))
+        assert logits.shape == (3, 6) and value.shape == (3,)
+        assert (state is None) == (not lstm)
+        if lstm:
+            assert state[0].shape == state[1].shape == (3, 256)
+        mlp = build_actor_critic((4,), 2, lstm=lstm)
+        assert isinstance(mlp, MLPActorCritic)
+        logits, value, _ = mlp(torch.zeros(5, 4))
+        assert logits.shape == (5, 2) and value.shape == (5,)
+
+
+def test_lstm_state_carries_over_and_reset_zeroes_only_ended_rows():
+    torch.manual_seed(0)
+    net = MLPActorCritic(4, 2, lstm=True)
+    obs = torch.randn(3, 4)
+    _, _, s1 = net(obs)
+    _, v_cont, _ = net(obs, s1)
+    _, v_fresh, _ = net(obs, net.initial_state(3))
+    assert not torch.allclose(v_cont, v_fresh)      # the state matters
+    h, c = reset_lstm_state(s1, np.array([False, True, False]))
+    torch.testing.assert_close(h[[0, 2]], s1[0][[0, 2]], rtol=0, atol=0)
+    torch.testing.assert_close(c[[0, 2]], s1[1][[0, 2]], rtol=0, atol=0)
+    assert not h[1].any() and not c[1].any() and s1[0][1].any()
+    _, v_reset, _ = net(obs, (h, c))
+    assert v_reset[1] == v_fresh[1] and v_reset[0] == v_cont[0]
+    assert reset_lstm_state(None, np.array([True])) is None
+
+
+def test_flat_round_trip_is_exact_and_fast():
+    torch.manual_seed(0)
+    net = NatureQNetwork((4, 84, 84), 6)
+    layout = ParamLayout.from_module(net)
+    flat = np.random.default_rng(0).standard_normal(layout.size).astype(np.float32)
+    t0 = time.perf_counter()
+    layout.from_flat(net, flat)
+    back = layout.to_flat(net)
+    assert time.perf_counter() - t0 < 0.5          # per-parameter memcpy, not per element
+    np.testing.assert_array_equal(back, flat)
+    # Order = module.parameters(); the first conv weight is flat[:8192] in C order.
+    np.testing.assert_array_equal(net.torso[0].weight.detach().numpy().ravel(), flat[:8192])
+    np.testing.assert_array_equal(net.q_head.bias.detach().numpy(), flat[-6:])
+    out = np.zeros(layout.size, np.float32)
+    assert layout.to_flat(net, out) is out
+    with pytest.raises(ValueError):
+        layout.from_flat(net, flat.astype(np.float64))
+    with pytest.raises(ValueError):
+        layout.from_flat(MLPQNetwork(4, 2), flat)
+
+
+def test_grads_to_flat_zeros_for_missing_grads():
+    torch.manual_seed(0)
+    net = MLPActorCritic(4, 2)
+    layout = ParamLayout.from_module(net)
+    logits, _, _ = net(torch.randn(8, 4))
+    logits.sum().backward()                        # the value head gets no gradient
+    out = np.full(layout.size, 7.0, np.float32)
+    layout.grads_to_flat(net, out)
+    for name, p, o in zip(layout.names, net.parameters(), layout.offsets):
+        seg = out[o:o + p.numel()]
+        if name.startswith("value_head"):
+            assert p.grad is None and not seg.any()
+        else:
+            np.testing.assert_array_equal(seg, p.grad.numpy().ravel())
+    assert layout.names[-2:] == ("value_head.weight", "value_head.bias")
