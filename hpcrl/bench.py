@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ps.add_argument("--reps", type=int, default=30)
     ps.add_argument("--idle-s", type=float, default=10.0)
     ps.add_argument("--optimizer", default="adagrad")
+    sub.add_parser("actor", help="one Gorila actor on Pong vs env step + forward",
+                   add_help=False)
+    sub.add_parser("learner", help="Gorila learner vs a pure torch loop", add_help=False)
     args, rest = p.parse_known_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.what == "ps":

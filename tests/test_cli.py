@@ -1,0 +1,68 @@
+"""The entry points as users run them: bad input fails fast on every rank; dry-run; bench ps."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.util import ROOT, run_mpi
+
+
+def test_dry_run_130_paper_layout():
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--config",
+                           "configs/gorila_paper.toml", "--dry-run", "--world-size", "130"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "world size 130: 30 ps, 100 actor-learner" in out
+    assert "ps             ranks 0,4,8,13,17,21,26," in out
+    assert "in 30 shards of" in out and "shard  29 on rank  125" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("args, fragment", [
+    (["--set", "totl_frames=5"], "--set totl_frames: unknown key 'totl_frames'"),
+    (["--set", "gamma=2"], "--set gamma: key 'gamma' must be <= 1.0, got 2"),
+    (["--set", "n_ps=4"], "world size 4 cannot hold n_ps=4"),
+    (["--set", "game=not_a_game"], "not_a_game"),
+])
+def test_bad_input_fails_on_every_rank_fast(args, fragment, tmp_path):
+    proc, wall = run_mpi(4, ["-m", "hpcrl.run", *args, "--set", f"run_dir={tmp_path}/r"],
+                         timeout=60)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hpcrl: error:")]
+    assert len(errors) == 1, proc.stderr          # printed once, by rank 0
+    assert fragment in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert wall < 30
+    assert not (tmp_path / "r").exists()          # nothing written for a bad config
+
+
+@pytest.mark.mpi
+def test_bad_config_file_names_file_and_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('batch_size = "big"\n')
+    proc, wall = run_mpi(3, ["-m", "hpcrl.run", "--config", str(bad)], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"hpcrl: error: {bad}: key 'batch_size' must be int, "
+                                   "got str 'big'")
+
+
+@pytest.mark.mpi
+def test_world_size_one_is_a_layout_error():
+    proc, _ = run_mpi(1, ["-m", "hpcrl.run"], timeout=60)
+    assert proc.returncode == 2
+    assert "world size 1 cannot hold n_ps=1" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_bench_ps_prints_json_last_line():
+    proc, _ = run_mpi(3, ["-m", "hpcrl.bench", "ps", "--floats", "200000", "--reps", "3",
+                          "--idle-s", "1"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("param_floats", "pull_gbps", "push_gbps", "raw_get_gbps", "raw_accumulate_gbps",
+                "pull_fraction", "push_fraction", "ps_idle_cpu_fraction"):
+        assert key in result and result[key] > 0, key
+    assert result["param_floats"] == 200000

@@ -1,0 +1,63 @@
+"""Gorila end to end under real mpiexec: Atari smoke run and the CartPole learning check."""
+
+import numpy as np
+import pytest
+
+from hpcrl.metrics import read_metrics
+from tests.util import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def first_frame_reaching(frames, returns, target, window=20):
+    """Global frames at which the mean of the last `window` episode returns first >= target."""
+    if len(returns) < window:
+        return None
+    rolling = np.convolve(returns, np.ones(window) / window, "valid")
+    hits = np.flatnonzero(rolling >= target)
+    return int(frames[hits[0] + window - 1]) if hits.size else None
+
+
+def test_first_frame_reaching_by_hand():
+    frames = np.arange(1, 6) * 10
+    returns = np.array([0, 0, 10, 20, 30])
+    # windows of 2: means 0, 5, 15, 25 -> first >= 15 is the window ending at episode 4 (frame 40)
+    assert first_frame_reaching(frames, returns, 15, window=2) == 40
+    assert first_frame_reaching(frames, returns, 99, window=2) is None
+
+
+def test_pong_smoke_writes_metrics(tmp_path):
+    run_dir = tmp_path / "pong"
+    proc, _ = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_pong.toml",
+                          "--set", "total_frames=20000", "--set", f"run_dir={run_dir}"],
+                      timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    m = read_metrics(run_dir / "metrics.h5")
+    assert m["status"] == "finished"
+    assert m["attrs"]["algo"] == "gorila" and m["attrs"]["game"] == "pong"
+    assert "total_frames = 20000" in m["attrs"]["config"]
+    for group in ("episodes", "eval", "train"):
+        assert group in m
+    for col in ("frames", "return", "length", "rank", "wall_time"):
+        assert col in m["episodes"]
+    train = m["train"]
+    for col in ("updates", "loss", "dropped_stale", "dropped_outlier", "dropped_nonfinite",
+                "frames_per_second"):
+        assert col in train
+    assert train["frames"][-1] >= 20000
+    assert (run_dir / "config.toml").exists()
+
+
+@pytest.mark.slow
+def test_cartpole_learns_within_100k_agent_steps(tmp_path):
+    """Issue acceptance: mean of the last 20 training episodes >= 195 within 100,000 agent steps
+    over all actors (CartPole: one agent step = one frame)."""
+    run_dir = tmp_path / "cp"
+    proc, wall = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                             "--set", f"run_dir={run_dir}"], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    eps = read_metrics(run_dir / "metrics.h5")["episodes"]
+    reached = first_frame_reaching(eps["frames"], eps["return"], 195.0)
+    print(f"gorila cartpole: reached 195 at frame {reached}, {len(eps['return'])} episodes, "
+          f"{wall:.0f} s")
+    assert reached is not None and reached <= 100_000
