@@ -193,6 +193,8 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout) -> int:
     n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
     store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
     store.initialize(theta0)
+    if os.environ.get("HPCRL_FAULT_RANK") == str(rank):   # failure-injection hook for tests
+        raise RuntimeError(f"injected fault on rank {rank}")
     if role == Role.PS:
         run_ps(store, cfg, mcomm, layout, run_dir)
     elif role == Role.ACTOR_LEARNER and cfg.algo == "gorila":

@@ -66,3 +66,15 @@ def test_bench_ps_prints_json_last_line():
                 "pull_fraction", "push_fraction", "ps_idle_cpu_fraction"):
         assert key in result and result[key] > 0, key
     assert result["param_floats"] == 200000
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fault_rank, role", [(0, "ps"), (2, "actor-learner")])
+def test_exception_on_any_rank_aborts_the_job(fault_rank, role, tmp_path):
+    proc, wall = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                             "--set", f"run_dir={tmp_path}/r"],
+                         env={"HPCRL_FAULT_RANK": str(fault_rank)}, timeout=90)
+    assert proc.returncode != 0
+    assert f"hpcrl: rank {fault_rank} ({role}) on host" in proc.stderr
+    assert f"RuntimeError: injected fault on rank {fault_rank}" in proc.stderr
+    assert wall < 60
