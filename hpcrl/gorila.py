@@ -17,6 +17,8 @@ policy, which only makes the actor's parameters fresher than ``actor_sync_every`
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -92,76 +94,194 @@ def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Genera
     return results
 
 
+class LocalReplaySink:
+    """Where a bundle's actor writes: one local replay memory per environment."""
+
+    def __init__(self, replays: list[ReplayMemory]):
+        self.replays = replays
+
+    def first(self, i: int, frame: np.ndarray) -> None:
+        self.replays[i].add_first(frame)
+
+    def add(self, i: int, action: int, reward: float, terminal: bool, frame: np.ndarray) -> None:
+        self.replays[i].add(action, reward, terminal, frame)
+
+    def flush(self) -> None:
+        pass
+
+
+class Actor:
+    """Epsilon-greedy acting with a behaviour copy of the Q-network (Gorila's actor).
+
+    Pulls the parameters every ``actor_sync_every`` agent steps, writes each step to ``sink``
+    (local replay or a global-replay sender), reports finished episodes and runs the periodic
+    evaluation between steps.
+    """
+
+    def __init__(self, cfg: Config, rank: int, store: ParameterStore, link: ClientLink, sink,
+                 env=None, net: torch.nn.Module | None = None):
+        self.cfg, self.rank, self.store, self.link, self.sink = cfg, rank, store, link, sink
+        self.rng = np.random.default_rng(cfg.seed + 1000 * rank)
+        self.env = env or make_env(cfg.game, cfg.envs_per_actor, cfg.seed + 1000 * rank,
+                                   **env_kwargs(cfg, training=True))
+        self.net = net or build_network(cfg, self.env.obs_shape, self.env.num_actions)
+        self.layout = ParamLayout.from_module(self.net)
+        self.theta = np.empty(self.layout.size, np.float32)
+        self.epsilon = LinearSchedule(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_frames)
+        self.image = len(self.env.obs_shape) == 3
+        self.frames_per_step = self.env.frames_per_step * self.env.num_envs
+        self.local_frames = self.steps = self.global_frames = 0
+        self.next_eval = cfg.eval_every_frames or None
+        self.obs = self.env.reset()
+        for i in range(self.env.num_envs):
+            sink.first(i, self._newest(self.obs[i]))
+        self.sync()
+
+    def _newest(self, obs: np.ndarray) -> np.ndarray:
+        return obs[-1] if self.image else obs
+
+    def sync(self) -> None:
+        self.versions = self.store.pull(self.theta)
+        self.layout.from_flat(self.net, self.theta)
+
+    def step(self) -> int:
+        """One agent step in every environment; returns the global frame count after it."""
+        if self.steps % self.cfg.actor_sync_every == 0 and self.steps:
+            self.sync()
+        with torch.no_grad():
+            q = self.net(torch.from_numpy(self.obs)).numpy()
+        actions = np.asarray(epsilon_greedy(q, self.epsilon.value(self.local_frames), self.rng))
+        res = self.env.step(actions)
+        self.steps += 1
+        self.local_frames += self.frames_per_step
+        self.global_frames = self.store.add_global(FRAMES, self.frames_per_step)
+        for i in range(self.env.num_envs):
+            self.sink.add(i, int(actions[i]), float(res.reward[i]), bool(res.terminal[i]),
+                          res.last_frame[i])
+            if res.episode_end[i]:
+                self.sink.first(i, self._newest(res.obs[i]))
+                self.link.episode(self.global_frames, float(res.episode_return[i]),
+                                  int(res.episode_frames[i]))
+        self.obs = res.obs
+        if self.next_eval is not None and self.local_frames >= self.next_eval:
+            self.next_eval += self.cfg.eval_every_frames
+            seed = self.cfg.seed + 1000 * self.rank + self.steps
+            for ret, length in evaluate(self.net, self.cfg, seed, self.rng):
+                self.link.episode(self.global_frames, ret, length, eval_=True)
+        return self.global_frames
+
+
+class TargetTracker:
+    """Keeps a learner's target network equal to the store's target copy (pulled on change)."""
+
+    def __init__(self, store: ParameterStore, target: torch.nn.Module, layout: ParamLayout):
+        self.store, self.target, self.layout = store, target, layout
+        self.theta = np.empty(layout.size, np.float32)
+        self.version = -1
+
+    def refresh(self) -> None:
+        tv = self.store.read_word(0, TV)
+        if tv != self.version:
+            self.store.pull_target(self.theta)
+            self.layout.from_flat(self.target, self.theta)
+            self.version = tv
+
+
+def _send_stats(link: ClientLink, learner: GorilaLearner) -> None:
+    link.stats(learner.loss_sum, learner.loss_count, learner.updates, learner.dropped_outlier,
+               learner.dropped_nonfinite)
+
+
+def frame_dtype(obs_shape) -> type:
+    return np.uint8 if len(obs_shape) == 3 else np.float32
+
+
 def run_bundle(store: ParameterStore, cfg: Config, mcomm, rank: int) -> None:
-    """Act, store, learn and push until the global frame budget is spent."""
+    """Gorila bundled mode: act, store locally, learn and push until the frame budget is spent."""
     torch.manual_seed(cfg.seed + 1000 * rank)
-    rng = np.random.default_rng(cfg.seed + 1000 * rank)
     link = ClientLink(mcomm, rank)
     n_env = cfg.envs_per_actor
     env = make_env(cfg.game, n_env, cfg.seed + 1000 * rank, **env_kwargs(cfg, training=True))
-    net = build_network(cfg, env.obs_shape, env.num_actions)
+    stack = env.obs_shape[0] if len(env.obs_shape) == 3 else 1
+    replays = [ReplayMemory(max(cfg.replay_capacity // n_env, 1), env.frame_shape,
+                            frame_dtype(env.obs_shape), stack, cfg.seed + 1000 * rank + i)
+               for i in range(n_env)]
+    actor = Actor(cfg, rank, store, link, LocalReplaySink(replays), env=env)
+    net = actor.net
     target = build_network(cfg, env.obs_shape, env.num_actions)
     learner = GorilaLearner(net, target, cfg)
-    layout = learner.layout
-    theta = np.empty(layout.size, np.float32)
-    theta_target = np.empty(layout.size, np.float32)
-    stack = env.obs_shape[0] if len(env.obs_shape) == 3 else 1
-    frame_dtype = np.uint8 if len(env.obs_shape) == 3 else np.float32
-    replays = [ReplayMemory(max(cfg.replay_capacity // n_env, 1), env.frame_shape, frame_dtype,
-                            stack, cfg.seed + 1000 * rank + i) for i in range(n_env)]
+    targets = TargetTracker(store, target, learner.layout)
     min_fill = max(cfg.replay_min_fill // n_env, cfg.batch_size)
-    epsilon = LinearSchedule(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_frames)
-
-    obs = env.reset()
-    for i, replay in enumerate(replays):
-        replay.add_first(obs[i, -1] if stack > 1 else obs[i])
-    versions = store.pull(theta)
-    layout.from_flat(net, theta)
-    target_version = -1
-    frames_per_step = env.frames_per_step * n_env
-    local_frames, step, global_frames = 0, 0, 0
-    next_eval = cfg.eval_every_frames or None
-    while global_frames < cfg.total_frames:
-        if step % cfg.actor_sync_every == 0 and step:
-            versions = store.pull(theta)
-            layout.from_flat(net, theta)
-        with torch.no_grad():
-            q = net(torch.from_numpy(obs)).numpy()
-        actions = epsilon_greedy(q, epsilon.value(local_frames), rng)
-        res = env.step(np.asarray(actions))
-        step += 1
-        local_frames += frames_per_step
-        global_frames = store.add_global(FRAMES, frames_per_step)
-        for i, replay in enumerate(replays):
-            replay.add(int(actions[i]), float(res.reward[i]), bool(res.terminal[i]),
-                       res.last_frame[i])
-            if res.episode_end[i]:
-                replay.add_first(res.obs[i, -1] if stack > 1 else res.obs[i])
-                link.episode(global_frames, float(res.episode_return[i]),
-                             int(res.episode_frames[i]))
-        obs = res.obs
-        if next_eval is not None and local_frames >= next_eval:
-            next_eval += cfg.eval_every_frames
-            for ret, length in evaluate(net, cfg, cfg.seed + 1000 * rank + step, rng):
-                link.episode(global_frames, ret, length, eval_=True)
-        if step % cfg.update_every or min(r.size for r in replays) < min_fill:
+    rng = actor.rng
+    while actor.step() < cfg.total_frames:
+        if actor.steps % cfg.update_every or min(r.size for r in replays) < min_fill:
             continue
         if learner.updates % cfg.learner_sync_every == 0:
-            versions = store.pull(theta)
-            layout.from_flat(net, theta)
-        tv = store.read_word(0, TV)
-        if tv != target_version:
-            store.pull_target(theta_target)
-            layout.from_flat(target, theta_target)
-            target_version = tv
+            actor.sync()
+        targets.refresh()
         grad = learner.gradient(replays[int(rng.integers(n_env))].sample(cfg.batch_size))
         if grad is not None:
-            store.push(grad, versions, cfg.learning_rate)
-        if step % 64 == 0:
-            link.stats(learner.loss_sum, learner.loss_count, learner.updates,
-                       learner.dropped_outlier, learner.dropped_nonfinite)
-    link.stats(learner.loss_sum, learner.loss_count, learner.updates, learner.dropped_outlier,
-               learner.dropped_nonfinite)
+            store.push(grad, actor.versions, cfg.learning_rate)
+        if actor.steps % 64 == 0:
+            _send_stats(link, learner)
+    _send_stats(link, learner)
     env.close()
+    store.done()
+    link.end()
+
+
+def run_actor(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int, replay_ranks,
+              actor_index: int) -> None:
+    """Gorila split mode, actor: act and ship transitions to a global replay rank."""
+    from hpcrl.replay_server import ChunkSender
+
+    torch.manual_seed(cfg.seed + 1000 * rank)
+    link = ClientLink(mcomm, rank)
+    sink = ChunkSender(rcomm, replay_ranks, actor_index)
+    actor = Actor(cfg, rank, store, link, sink)
+    while actor.step() < cfg.total_frames:
+        pass
+    sink.close()
+    actor.env.close()
+    store.done()
+    link.end()
+
+
+def run_learner(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int,
+                replay_ranks) -> None:
+    """Gorila split mode, learner: sample global replay, compute and push DQN gradients."""
+    from hpcrl.params.store import FRAMES as FRAMES_WORD
+    from hpcrl.program import env_spec
+    from hpcrl.replay_server import BatchClient
+
+    torch.manual_seed(cfg.seed + 1000 * rank)
+    link = ClientLink(mcomm, rank)
+    obs_shape, num_actions = env_spec(cfg)
+    net = build_network(cfg, obs_shape, num_actions)
+    target = build_network(cfg, obs_shape, num_actions)
+    learner = GorilaLearner(net, target, cfg)
+    targets = TargetTracker(store, target, learner.layout)
+    theta = np.empty(learner.layout.size, np.float32)
+    stack = obs_shape[0] if len(obs_shape) == 3 else 1
+    frame_shape = obs_shape[1:] if len(obs_shape) == 3 else obs_shape
+    client = BatchClient(rcomm, replay_ranks, cfg.seed + 1000 * rank, (stack,) + tuple(frame_shape),
+                         frame_dtype(obs_shape))
+    versions = None
+    while store.read_word(0, FRAMES_WORD) < cfg.total_frames:
+        batch = client.sample(cfg.batch_size)
+        if batch is None:                       # replay not filled yet
+            time.sleep(0.01)
+            continue
+        if versions is None or learner.updates % cfg.learner_sync_every == 0:
+            versions = store.pull(theta)
+            learner.layout.from_flat(net, theta)
+        targets.refresh()
+        grad = learner.gradient(batch)
+        if grad is not None:
+            store.push(grad, versions, cfg.learning_rate)
+        if learner.updates % 64 == 0:
+            _send_stats(link, learner)
+    _send_stats(link, learner)
+    client.close()
     store.done()
     link.end()

@@ -176,6 +176,7 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout) -> int:
     role = layout.roles[rank]
     role_comm = comm.Split(layout.color(rank), rank)
     mcomm = comm.Dup()
+    rcomm = comm.Dup()
     run_dir = prepare_run_dir(comm, cfg)
     if rank == 0:
         print(f"[hpcrl] {cfg.algo} on {cfg.game}: {layout.world_size} ranks "
@@ -205,12 +206,43 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout) -> int:
         from hpcrl.async_rl import run_actor_learner
 
         run_actor_learner(store, cfg, mcomm, rank)
+    elif role == Role.REPLAY:
+        run_replay(cfg, rcomm, layout, rank)
+    elif role == Role.ACTOR:
+        from hpcrl.gorila import run_actor
+
+        run_actor(store, cfg, mcomm, rcomm, rank, layout.ranks_of(Role.REPLAY),
+                  layout.index_in_role(rank))
+    elif role == Role.LEARNER:
+        from hpcrl.gorila import run_learner
+
+        run_learner(store, cfg, mcomm, rcomm, rank, layout.ranks_of(Role.REPLAY))
     else:
         raise NotImplementedError(f"role {role.value} is not implemented yet")
     store.free()
-    role_comm.Free()
-    mcomm.Free()
+    for c in (role_comm, mcomm, rcomm):
+        c.Free()
     return 0
+
+
+def run_replay(cfg: Config, rcomm: MPI.Comm, layout: Layout, rank: int) -> None:
+    """A global replay rank (no torch): serves its actors' streams to all learners."""
+    from hpcrl.envs import make_env
+    from hpcrl.replay_server import ReplayServer
+
+    env = make_env(cfg.game, 1, cfg.seed, **env_kwargs(cfg, training=False))
+    image = len(env.obs_shape) == 3
+    stack = env.obs_shape[0] if image else 1
+    frame_shape, frame_dtype = env.frame_shape, (np.uint8 if image else np.float32)
+    env.close()
+    replays = layout.ranks_of(Role.REPLAY)
+    me = replays.index(rank)
+    n_actors = len(layout.ranks_of(Role.ACTOR))
+    n_streams = sum(1 for a in range(n_actors) if a % len(replays) == me) * cfg.envs_per_actor
+    n_peers = n_actors + len(layout.ranks_of(Role.LEARNER))
+    server = ReplayServer(rcomm, cfg.replay_capacity, cfg.replay_min_fill, frame_shape,
+                          frame_dtype, stack, n_streams, n_peers, cfg.seed + 1000 * rank)
+    server.serve()
 
 
 def run_ps(store: ParameterStore, cfg: Config, mcomm: MPI.Comm, layout: Layout,

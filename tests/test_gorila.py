@@ -61,3 +61,34 @@ def test_cartpole_learns_within_100k_agent_steps(tmp_path):
     print(f"gorila cartpole: reached 195 at frame {reached}, {len(eps['return'])} episodes, "
           f"{wall:.0f} s")
     assert reached is not None and reached <= 100_000
+
+
+def test_global_replay_actors_and_learners_share_data():
+    from tests.util import ROOT
+
+    proc, _ = run_mpi(5, [str(ROOT / "tests" / "mpi" / "replay_checks.py")], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK global_replay" in proc.stdout
+
+
+@pytest.mark.parametrize("world, sets, counts", [
+    (4, [], "1 ps, 3 actor-learner"),
+    (6, ["mode=split", "n_learners=1"], "1 ps, 1 learner, 3 actor, 1 replay"),
+    (6, ["mode=split", "n_actors=1"], "1 ps, 3 learner, 1 actor, 1 replay"),
+    (5, ["n_evaluators=0", "eval_every_frames=300", "eval_episodes=2"], "1 ps, 4 actor-learner"),
+])
+def test_modes_start_and_stop_cleanly(world, sets, counts, tmp_path):
+    run_dir = tmp_path / "r"
+    args = ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+            "--set", "total_frames=4000", "--set", f"run_dir={run_dir}"]
+    for s in sets:
+        args += ["--set", s]
+    proc, _ = run_mpi(world, args, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert counts in proc.stdout
+    m = read_metrics(run_dir / "metrics.h5")
+    assert m["status"] == "finished" and len(m["episodes"]["frames"]) > 0
+    assert m["train"]["frames"][-1] >= 4000
+    assert m["train"]["updates"][-1] > 0
+    if "eval_every_frames=300" in sets:
+        assert len(m["eval"]["frames"]) >= 2 * 4    # every actor-learner evaluated at least once
