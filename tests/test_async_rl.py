@@ -1,0 +1,266 @@
+"""Asynchronous methods (Mnih et al. 2016): rollout targets against hand-worked numbers, the
+one-step accumulation against a per-step loop, the LSTM reset through the rollout code, and one
+short real run per method under mpiexec."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.async_rl import (ActorCriticPolicy, AsyncLearner, Rollout, actor_critic_bootstrap,
+                            bootstrap_returns, clip_by_global_norm, collect_rollout,
+                            n_step_q_targets, next_obs_before_reset, one_step_targets,
+                            rollout_cuts, sample_from_logits, sarsa_next_actions,
+                            target_refresh_due, unroll_actor_critic, value_targets)
+from hpcrl.config import Config
+from hpcrl.envs import make_env
+from hpcrl.losses import huber, n_step_returns
+from hpcrl.networks import build_actor_critic, build_q_network
+from tests.util import run_mpi
+
+torch.set_num_threads(1)
+
+
+def col(*xs, dtype=np.float32):
+    """A [T, 1] column (one environment)."""
+    return np.array(xs, dtype)[:, None]
+
+
+# ------------------------------------------------------------------------------ n-step returns
+def test_n_step_q_targets_terminal_in_the_middle():
+    # gamma 0.5; step 1 ends the episode at a terminal state (discount 0).
+    #   step     0   1*  2   3
+    #   r        1   2   3   4
+    #   max q_t 10  20  30  40   (max_a Q(s_t, a; theta-))
+    # R3 = 4 + .5 * 40 = 24; R2 = 3 + .5 * 24 = 15; R1 = 2 (terminal); R0 = 1 + .5 * 2 = 2
+    q_t = np.stack([col(10, 20, 30, 40), col(0, 0, 0, 0)], axis=-1)     # [T, 1, 2]
+    y = n_step_q_targets(col(1, 2, 3, 4), col(1, 0, 1, 1), col(0, 1, 0, 0, dtype=bool), q_t, 0.5)
+    np.testing.assert_allclose(y[:, 0], [2, 2, 15, 24])
+
+
+def test_n_step_returns_time_limit_in_the_middle_bootstraps_there():
+    # Same rollout, but the episode is cut by the time limit at step 1 (discount 1): R1
+    # bootstraps from its own s_t: R1 = 2 + .5 * 20 = 12; R0 = 1 + .5 * 12 = 7.
+    y = bootstrap_returns(col(1, 2, 3, 4), col(1, 1, 1, 1), col(0, 1, 0, 1, dtype=bool),
+                          col(10, 20, 30, 40), 0.5)
+    np.testing.assert_allclose(y[:, 0], [7, 12, 15, 24])
+
+
+def test_bootstrap_returns_matches_losses_without_cuts_and_a_slow_loop():
+    rng = np.random.default_rng(0)
+    T, N, gamma = 6, 3, 0.9
+    r = rng.normal(size=(T, N)).astype(np.float32)
+    d = (rng.random((T, N)) > 0.2).astype(np.float32)
+    boot = rng.normal(size=(T, N)).astype(np.float32)
+    no_cuts = rollout_cuts(np.zeros((T, N), bool))
+    ours = bootstrap_returns(r, d, no_cuts, boot, gamma)
+    ref = n_step_returns(torch.from_numpy(r), torch.from_numpy(d), torch.from_numpy(boot[-1]),
+                         gamma).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-6)
+    end = rng.random((T, N)) < 0.3
+    ours = bootstrap_returns(r, d, rollout_cuts(end), boot, gamma)
+    for n in range(N):                 # the paper's backward loop, restarting at every cut
+        R = 0.0
+        for i in reversed(range(T)):
+            nxt = boot[i, n] if (end[i, n] or i == T - 1) else R
+            R = r[i, n] + gamma * d[i, n] * nxt
+            assert ours[i, n] == pytest.approx(R, rel=1e-6)
+
+
+def test_rollout_cuts_marks_ends_and_last_step():
+    end = np.array([[0, 1], [1, 0], [0, 0]], bool)
+    np.testing.assert_array_equal(rollout_cuts(end), [[0, 1], [1, 0], [1, 1]])
+    assert not end[-1].any()           # input untouched
+
+
+# ------------------------------------------------------------------------------ one-step targets
+Q_T = np.array([[1, 5], [3, 2], [0, 4]], np.float32)[:, None]     # [T=3, N=1, A=2]
+
+
+def test_one_step_q_and_sarsa_targets_differ_by_the_action_taken():
+    # gamma .9, r = 1, 0, 2, no terminal; actions taken a_tm1 = 1, 0, 0 and a' = 0 after.
+    # Q-learning: y = r + .9 max q_t       = 1 + 4.5, 0 + 2.7, 2 + 3.6 = 5.5, 2.7, 5.6
+    # Sarsa:      a_t = 0, 0, 0 (next actions): y = 1 + .9, 0 + 2.7, 2 + 0 = 1.9, 2.7, 2.0
+    r, d = col(1, 0, 2), col(1, 1, 1)
+    a_tm1, end = col(1, 0, 0, dtype=np.int64), col(0, 0, 0, dtype=bool)
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9)[:, 0], [5.5, 2.7, 5.6], rtol=1e-6)
+    a_t = sarsa_next_actions(a_tm1, np.array([0]), end, Q_T)
+    np.testing.assert_array_equal(a_t[:, 0], [0, 0, 0])
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9, a_t)[:, 0], [1.9, 2.7, 2.0],
+                               rtol=1e-6)
+    rollout = Rollout(None, a_tm1, r, d, end, None)
+    np.testing.assert_allclose(value_targets("one_step_sarsa", rollout, Q_T, 0.9, np.array([0])),
+                               [[1.9], [2.7], [2.0]], rtol=1e-6)
+
+
+def test_one_step_targets_with_an_episode_end_in_the_middle():
+    # Step 1 ends the episode at a terminal: its target is r only (0), and the action taken
+    # next (a_tm1[2] = 1) belongs to the new episode, so Sarsa must not use it (argmax instead,
+    # unused at a terminal). a' = 1 for the last step: y2 = 2 + .9 * q_t[2][1] = 5.6.
+    r, d = col(1, 0, 2), col(1, 0, 1)
+    a_tm1, end = col(0, 0, 1, dtype=np.int64), col(0, 1, 0, dtype=bool)
+    a_t = sarsa_next_actions(a_tm1, np.array([1]), end, Q_T)
+    np.testing.assert_array_equal(a_t[:, 0], [0, 0, 1])
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9, a_t)[:, 0], [1.9, 0.0, 5.6],
+                               rtol=1e-6)
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9)[:, 0], [5.5, 0.0, 5.6], rtol=1e-6)
+
+
+def test_one_step_gradient_equals_per_step_accumulation():
+    """Algorithm 1 accumulates d(y - Q(s, a))^2 step by step; one batched backward must match."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(1)
+    net = build_q_network((4,), 2, kind="mlp", hidden=8)
+    target = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.add_(0.1)
+    cfg = Config(algo="one_step_q", gamma=0.9, grad_clip_norm=0.0, loss="huber")
+    T = 5
+    s_tm1 = rng.normal(size=(T, 1, 4)).astype(np.float32)
+    s_t = rng.normal(size=(T, 1, 4)).astype(np.float32)
+    a = rng.integers(0, 2, (T, 1))
+    r = rng.normal(size=(T, 1)).astype(np.float32) * 3
+    d = col(1, 1, 0, 1, 1)
+    rollout = Rollout(s_tm1, a, r, d, d == 0, s_t)
+    grad = AsyncLearner(net, target, cfg).gradient(rollout).copy()
+    net.zero_grad()
+    for i in range(T):                       # the paper's loop, one transition at a time
+        with torch.no_grad():
+            y = r[i, 0] + 0.9 * d[i, 0] * target(torch.from_numpy(s_t[i])).max()
+        q = net(torch.from_numpy(s_tm1[i]))[0, a[i, 0]]
+        huber(y - q).backward()              # gradients accumulate in .grad
+    ref = np.concatenate([p.grad.numpy().ravel() for p in net.parameters()])
+    np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------ A3C pieces
+def test_actor_critic_bootstrap_only_at_cuts_that_are_not_terminal():
+    torch.manual_seed(0)
+    net = build_actor_critic((4,), 2, lstm=False, hidden=8)
+    rng = np.random.default_rng(0)
+    s_t = rng.normal(size=(3, 2, 4)).astype(np.float32)
+    end = np.array([[1, 1], [0, 0], [0, 0]], bool)
+    d = np.array([[0, 1], [1, 1], [1, 0]], np.float32)   # env 0 terminal at 0; env 1 cut at 0
+    rollout = Rollout(s_t, np.zeros((3, 2), np.int64), np.zeros((3, 2), np.float32), d, end, s_t)
+    v_t = actor_critic_bootstrap(net, rollout, [None] * 3)
+    with torch.no_grad():
+        v = net(torch.from_numpy(s_t.reshape(6, 4)))[1].numpy().reshape(3, 2)
+    np.testing.assert_allclose(v_t, [[0, v[0, 1]], [0, 0], [v[2, 0], 0]], rtol=1e-6)
+
+
+class RecordingPolicy(ActorCriticPolicy):
+    """Keeps the logits it acted on, to compare with the learner's unroll."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.logits = []
+
+    def act(self, obs):
+        with torch.no_grad():
+            lg, _, _ = self.net(torch.from_numpy(obs), self.state)
+        self.logits.append(lg.numpy())
+        return super().act(obs)
+
+
+def test_lstm_state_reset_at_episode_ends_through_rollout_code():
+    torch.manual_seed(0)
+    net = build_actor_critic((4,), 2, lstm=True, hidden=8)
+    env = make_env("CartPole-v1", 2, seed=3, training=True)
+    policy = RecordingPolicy(net, 2, np.random.default_rng(0))
+    obs = env.reset()
+    first, obs = collect_rollout(env, obs, policy, 40, None)
+    assert first.end_t.any()                       # random CartPole episodes last ~20 steps
+    second, obs = collect_rollout(env, obs, policy, 40, None)
+    acted = np.stack(policy.logits)                # [80, 2, A]
+    for k, rollout in enumerate((first, second)):
+        with torch.no_grad():
+            logits, _, _ = unroll_actor_critic(net, rollout)
+        np.testing.assert_allclose(logits.numpy(), acted[40 * k:40 * (k + 1)], rtol=1e-5,
+                                   atol=1e-6)
+    # After an end, the next step starts from a zero state: same output as a fresh net call.
+    i, n = map(int, np.argwhere(first.end_t[:-1])[0])
+    with torch.no_grad():
+        fresh, _, _ = net(torch.from_numpy(first.s_tm1[i + 1, n:n + 1]), None)
+    np.testing.assert_allclose(acted[i + 1, n], fresh[0].numpy(), rtol=1e-5, atol=1e-6)
+    # Across rollouts the state is carried, not reset (unless the last step ended an episode).
+    h0 = second.state0[0]
+    for n in range(2):
+        assert (h0[n].abs().sum() > 0) != bool(first.end_t[-1, n])
+    env.close()
+
+
+def test_collect_rollout_keeps_pre_reset_state_at_episode_ends():
+    env = make_env("CartPole-v1", 1, seed=0, training=True)
+
+    class AlwaysLeft:
+        state = None
+
+        def act(self, obs):
+            return np.zeros(len(obs), np.int64)
+
+        def episode_end(self, end):
+            pass
+
+    obs = env.reset()
+    rollout, _ = collect_rollout(env, obs, AlwaysLeft(), 30, None)
+    i = int(np.flatnonzero(rollout.end_t[:, 0])[0])
+    assert rollout.discount_t[i, 0] == 0 and rollout.discount_t[:i, 0].all()
+    assert abs(rollout.s_t[i, 0, 2]) > 0.2        # pole angle past the 12 degree limit
+    assert abs(rollout.s_tm1[i + 1, 0]).max() <= 0.05   # a fresh reset state
+    np.testing.assert_array_equal(rollout.s_t[:i, 0], rollout.s_tm1[1:i + 1, 0])
+    env.close()
+
+
+def test_next_obs_before_reset_for_stacks_and_vectors():
+    obs = np.arange(2 * 3 * 1 * 1).reshape(2, 3, 1, 1)   # env 0: frames 0,1,2; env 1: 3,4,5
+    last = np.array([[[9]], [[8]]])
+    np.testing.assert_array_equal(next_obs_before_reset(obs, last)[:, :, 0, 0],
+                                  [[1, 2, 9], [4, 5, 8]])
+    vec = np.ones((2, 4))
+    np.testing.assert_array_equal(next_obs_before_reset(vec, 2 * vec), 2 * vec)
+
+
+def test_sample_from_logits_frequencies():
+    rng = np.random.default_rng(0)
+    logits = np.log(np.tile([[0.2, 0.5, 0.3]], (30000, 1)))
+    freq = np.bincount(sample_from_logits(logits, rng), minlength=3) / 30000
+    np.testing.assert_allclose(freq, [0.2, 0.5, 0.3], atol=0.01)
+    assert sample_from_logits(np.array([[0.0, -1e9]]), rng)[0] == 0
+
+
+def test_clip_by_global_norm():
+    g = np.array([3, 4], np.float32)
+    assert clip_by_global_norm(g, 1.0) == pytest.approx(5.0)
+    np.testing.assert_allclose(g, [0.6, 0.8], rtol=1e-6)
+    g = np.array([3, 4], np.float32)
+    clip_by_global_norm(g, 0.0)
+    np.testing.assert_array_equal(g, [3, 4])
+
+
+def test_target_refresh_due_once_per_multiple():
+    every, total, due = 10, 0, []
+    for n in (4, 4, 4, 4, 4, 30):            # counter: 4 8 12 16 20 50
+        total += n
+        due.append(target_refresh_due(total, n, every))
+    assert due == [False, False, True, False, True, True]
+
+
+# ------------------------------------------------------------------------------ real MPI runs
+@pytest.mark.mpi
+@pytest.mark.parametrize("algo, extra", [("one_step_q", []), ("one_step_sarsa", []),
+                                         ("n_step_q", []), ("a3c", ["--set", "lstm=true"])])
+def test_short_run_under_mpi(algo, extra, tmp_path):
+    from hpcrl.metrics import read_metrics
+
+    run_dir = tmp_path / "r"
+    proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", f"configs/{algo}_cartpole.toml",
+                          "--set", "total_frames=3000", "--set", f"run_dir={run_dir}", *extra],
+                      timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    m = read_metrics(run_dir / "metrics.h5")
+    episodes = m["episodes"]
+    assert len(episodes["return"]) > 10
+    assert episodes["frames"].max() >= 3000 - 2 * 20   # global frames near the budget
+    assert (episodes["return"] >= 8).all()              # CartPole returns are >= 8 steps
