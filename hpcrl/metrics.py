@@ -40,6 +40,15 @@ always holds a complete file, and readers holding the old inode do not block the
 To inspect a crashed run's file with `h5dump`, run `h5clear -s metrics.h5` first, or read it with
 `read_metrics`.
 
+Reading: `read_metrics` opens a cleanly closed file in plain read mode and a live or crashed one
+in SWMR-read mode, with HDF5's metadata read attempts cut from 100 to 12: with the default, one
+read of a corrupt crashed file took more than a minute here (checksum retries with back-off).
+A lock held by another process is retried for about 2.5 s. Any failure is a `MetricsError`
+naming the file.
+
+Measured here (2 shared cores, local disk): `flush()` with new rows in all three groups about
+4 ms, a heartbeat-only `flush()` 0.3 ms, `read_metrics` of a 200 KB live file about 7 ms.
+
 On network filesystems without working `flock` (some NFS / Lustre mounts), set
 `HDF5_USE_FILE_LOCKING=FALSE` for writer and readers.
 """
@@ -276,7 +285,8 @@ def _normalise_columns(group: str, columns: Mapping[str, Any]) -> dict[str, np.n
     expected = COLUMNS[group]
     unknown = sorted(set(columns) - set(expected))
     if unknown:
-        raise ValueError(f"unknown columns {unknown} for group {group!r}; expected {list(expected)}")
+        raise ValueError(
+            f"unknown columns {unknown} for group {group!r}; expected {list(expected)}")
     missing = sorted(set(expected) - set(columns) - {"wall_time"})
     if missing:
         raise ValueError(f"missing columns {missing} for group {group!r}")
