@@ -53,49 +53,42 @@ def _setup(game: str):
     return cfg, env, net, layout
 
 
+class _NullLink:
+    """Stands in for the reporting channel to rank 0 (no rank 0 in a one-process bench)."""
+
+    def episode(self, *args, **kwargs) -> None:
+        pass
+
+
 def bench_actor(game: str, steps: int, blocks: int) -> dict:
+    """The real :class:`hpcrl.gorila.Actor` (local replay sink) against env step + forward."""
     import torch
 
-    from hpcrl.policies import epsilon_greedy
+    from hpcrl.gorila import Actor, LocalReplaySink
     from hpcrl.replay import ReplayMemory
 
     cfg, env, net, layout = _setup(game)
-    theta = layout.to_flat(net)
-    store = _self_store(layout.size, theta)
-    replay = ReplayMemory(steps * blocks * 3 + 10, env.frame_shape, np.uint8, 4, 0)
+    store = _self_store(layout.size, layout.to_flat(net))
     rng = np.random.default_rng(0)
-    obs = env.reset()
-    replay.add_first(obs[0, -1])
-    state = {"obs": obs, "t": 0}
+    replay = ReplayMemory(steps * blocks * 3 + 10, env.frame_shape, np.uint8, 4, 0)
+    actors = {k: Actor(cfg.replace(actor_sync_every=k, eval_every_frames=0), 0, store,
+                       _NullLink(), LocalReplaySink([replay]), env=env, net=net)
+              for k in (1, cfg.actor_sync_every)}
+    obs = {"o": env.reset()}
 
     def env_only():
-        res = env.step(rng.integers(env.num_actions, size=1))
-        state["obs"] = res.obs
+        obs["o"] = env.step(rng.integers(env.num_actions, size=1)).obs
 
     def forward_only():
         with torch.no_grad():
-            net(torch.from_numpy(state["obs"]))
-
-    def actor_step(sync_every: int):
-        if state["t"] % sync_every == 0:
-            store.pull(theta)
-            layout.from_flat(net, theta)
-        state["t"] += 1
-        with torch.no_grad():
-            q = net(torch.from_numpy(state["obs"])).numpy()
-        a = epsilon_greedy(q, 0.1, rng)
-        res = env.step(np.asarray(a))
-        replay.add(int(a[0]), float(res.reward[0]), bool(res.terminal[0]), res.last_frame[0])
-        if res.episode_end[0]:
-            replay.add_first(res.obs[0, -1])
-        state["obs"] = res.obs
+            net(torch.from_numpy(obs["o"]))
 
     r = {"env": [], "fwd": [], "paper": [], "default": []}
     for _ in range(blocks):
         r["env"].append(_rate(env_only, steps))
         r["fwd"].append(_rate(forward_only, steps))
-        r["paper"].append(_rate(lambda: actor_step(1), steps))
-        r["default"].append(_rate(lambda: actor_step(cfg.actor_sync_every), steps))
+        r["paper"].append(_rate(actors[1].step, steps))
+        r["default"].append(_rate(actors[cfg.actor_sync_every].step, steps))
     med = {k: float(np.median(v)) for k, v in r.items()}
     bound = 1.0 / (1.0 / med["env"] + 1.0 / med["fwd"])
     store.free()
@@ -110,15 +103,14 @@ def bench_actor(game: str, steps: int, blocks: int) -> dict:
 def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
     import torch
 
-    from hpcrl.gorila import GorilaLearner
-    from hpcrl.params.store import HDR_WORDS, TV
+    from hpcrl.gorila import GorilaLearner, TargetTracker
+    from hpcrl.params.store import HDR_WORDS
     from hpcrl.program import build_network
     from hpcrl.replay import ReplayMemory
 
     cfg, env, net, layout = _setup(game)
     target = build_network(cfg, env.obs_shape, env.num_actions)
     theta = layout.to_flat(net)
-    theta_t = theta.copy()
     store = _self_store(layout.size, theta)
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 255, size=(fill,) + env.frame_shape, dtype=np.uint8)
@@ -128,12 +120,12 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
     replay.add_batch(frames, rng.integers(env.num_actions, size=fill),
                      rng.normal(size=fill).astype(np.float32), np.zeros(fill, bool), firsts)
     learner = GorilaLearner(net, target, cfg.replace(outlier_k=0.0))
+    targets = TargetTracker(store, target, layout)
+    layout.bind(net, theta)
 
-    def real_update():
+    def real_update():                                  # the body of gorila.run_learner
         versions = store.pull(theta)
-        layout.from_flat(net, theta)
-        if store.read_word(0, TV) < 0:                 # the target check of the real loop
-            store.pull_target(theta_t)
+        targets.refresh()
         grad = learner.gradient(replay.sample(cfg.batch_size))
         store.push(grad, versions, cfg.learning_rate)
         store._atomic(0, HDR_WORDS, 0)                 # inbox emptied (ps work is elsewhere)

@@ -39,6 +39,7 @@ class GorilaLearner:
         self.net, self.target, self.cfg = net, target, cfg
         self.layout = ParamLayout.from_module(net)
         self.grad = np.zeros(self.layout.size, np.float32)
+        self.layout.bind_grads(net, self.grad)          # backward() writes the flat gradient
         self.outliers = LossOutlierFilter(cfg.outlier_k) if cfg.outlier_k > 0 else None
         self.loss_sum, self.loss_count, self.updates = 0.0, 0, 0
         self.dropped_outlier = self.dropped_nonfinite = 0
@@ -66,7 +67,6 @@ class GorilaLearner:
             return None
         self.net.zero_grad(set_to_none=False)
         loss.backward()
-        self.layout.grads_to_flat(self.net, self.grad)
         if not np.isfinite(self.grad.sum(dtype=np.float64)):
             self.dropped_nonfinite += 1
             return None
@@ -127,6 +127,7 @@ class Actor:
         self.net = net or build_network(cfg, self.env.obs_shape, self.env.num_actions)
         self.layout = ParamLayout.from_module(self.net)
         self.theta = np.empty(self.layout.size, np.float32)
+        self.layout.bind(self.net, self.theta)          # a pull into theta updates the net
         self.epsilon = LinearSchedule(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_frames)
         self.image = len(self.env.obs_shape) == 3
         self.frames_per_step = self.env.frames_per_step * self.env.num_envs
@@ -142,7 +143,6 @@ class Actor:
 
     def sync(self) -> None:
         self.versions = self.store.pull(self.theta)
-        self.layout.from_flat(self.net, self.theta)
 
     def step(self) -> int:
         """One agent step in every environment; returns the global frame count after it."""
@@ -177,13 +177,13 @@ class TargetTracker:
     def __init__(self, store: ParameterStore, target: torch.nn.Module, layout: ParamLayout):
         self.store, self.target, self.layout = store, target, layout
         self.theta = np.empty(layout.size, np.float32)
+        layout.bind(target, self.theta)
         self.version = -1
 
     def refresh(self) -> None:
         tv = self.store.read_word(0, TV)
         if tv != self.version:
             self.store.pull_target(self.theta)
-            self.layout.from_flat(self.target, self.theta)
             self.version = tv
 
 
@@ -262,6 +262,7 @@ def run_learner(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int,
     learner = GorilaLearner(net, target, cfg)
     targets = TargetTracker(store, target, learner.layout)
     theta = np.empty(learner.layout.size, np.float32)
+    learner.layout.bind(net, theta)
     stack = obs_shape[0] if len(obs_shape) == 3 else 1
     frame_shape = obs_shape[1:] if len(obs_shape) == 3 else obs_shape
     client = BatchClient(rcomm, replay_ranks, cfg.seed + 1000 * rank, (stack,) + tuple(frame_shape),
@@ -274,7 +275,6 @@ def run_learner(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int,
             continue
         if versions is None or learner.updates % cfg.learner_sync_every == 0:
             versions = store.pull(theta)
-            learner.layout.from_flat(net, theta)
         targets.refresh()
         grad = learner.gradient(batch)
         if grad is not None:

@@ -237,6 +237,30 @@ class ParamLayout:
         for p, o in zip(self._params(module), self.offsets):
             p.copy_(torch.from_numpy(flat[o:o + p.numel()]).view(p.shape))
 
+    @torch.no_grad()
+    def bind(self, module: nn.Module, flat: np.ndarray) -> None:
+        """Make every parameter a view into ``flat`` (zero copy), after copying its values there.
+
+        Pulling parameters from the store into ``flat`` then updates the module with no
+        ``from_flat`` copy (0.35 ms for the Nature DQN, as long as the pull itself).
+        """
+        self._check_flat(flat)
+        base = torch.from_numpy(flat)
+        for p, o in zip(self._params(module), self.offsets):
+            view = base[o:o + p.numel()].view(p.shape)
+            view.copy_(p)
+            p.data = view
+
+    def bind_grads(self, module: nn.Module, flat_grad: np.ndarray) -> None:
+        """Make every ``.grad`` a view into ``flat_grad``: ``backward()`` accumulates in place,
+        so the flat gradient is ready to push without ``grads_to_flat``. Zero it with
+        ``module.zero_grad(set_to_none=False)`` (``set_to_none=True`` would unbind)."""
+        self._check_flat(flat_grad)
+        base = torch.from_numpy(flat_grad)
+        flat_grad[:] = 0.0
+        for p, o in zip(self._params(module), self.offsets):
+            p.grad = base[o:o + p.numel()].view(p.shape)
+
     def grads_to_flat(self, module: nn.Module, out: np.ndarray) -> np.ndarray:
         """Copy the gradients into `out`; zeros for parameters with no gradient."""
         self._check_flat(out)

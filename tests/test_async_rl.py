@@ -262,5 +262,5 @@ def test_short_run_under_mpi(algo, extra, tmp_path):
     m = read_metrics(run_dir / "metrics.h5")
     episodes = m["episodes"]
     assert len(episodes["return"]) > 10
-    assert episodes["frames"].max() >= 3000 - 2 * 20   # global frames near the budget
+    assert m["train"]["frames"][-1] >= 3000             # the whole budget was used
     assert (episodes["return"] >= 8).all()              # CartPole returns are >= 8 steps

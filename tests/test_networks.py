@@ -112,3 +112,31 @@ def test_grads_to_flat_zeros_for_missing_grads():
         else:
             np.testing.assert_array_equal(seg, p.grad.numpy().ravel())
     assert layout.names[-2:] == ("value_head.weight", "value_head.bias")
+
+
+def test_bind_makes_parameters_and_grads_views_of_flat_buffers():
+    import numpy as np
+    import torch
+
+    from hpcrl.networks import MLPQNetwork, ParamLayout
+
+    torch.manual_seed(0)
+    net, ref = MLPQNetwork(4, 2, hidden=(8,)), MLPQNetwork(4, 2, hidden=(8,))
+    layout = ParamLayout.from_module(net)
+    theta = np.empty(layout.size, np.float32)
+    before = layout.to_flat(net)
+    layout.bind(net, theta)
+    np.testing.assert_array_equal(theta, before)         # values kept
+    theta[:] = np.arange(layout.size, dtype=np.float32) / 100
+    np.testing.assert_array_equal(layout.to_flat(net), theta)   # writes to flat reach the net
+    layout.from_flat(ref, theta)
+    grad = np.full(layout.size, 7.0, np.float32)
+    layout.bind_grads(net, grad)
+    assert np.all(grad == 0)
+    x = torch.linspace(-1, 1, 12).view(3, 4)
+    for _ in range(2):                                   # zero, backward, twice: no accumulation
+        net.zero_grad(set_to_none=False)
+        net(x).pow(2).sum().backward()
+    ref.zero_grad()
+    ref(x).pow(2).sum().backward()
+    np.testing.assert_allclose(grad, layout.grads_to_flat(ref, np.empty_like(grad)), rtol=1e-6)
