@@ -132,7 +132,8 @@ class Actor:
         self.image = len(self.env.obs_shape) == 3
         self.frames_per_step = self.env.frames_per_step * self.env.num_envs
         self.local_frames = self.steps = self.global_frames = 0
-        self.next_eval = cfg.eval_every_frames or None
+        # Actors evaluate between training steps only when no evaluator ranks do it.
+        self.next_eval = (cfg.eval_every_frames or None) if cfg.n_evaluators == 0 else None
         self.obs = self.env.reset()
         for i in range(self.env.num_envs):
             sink.first(i, self._newest(self.obs[i]))
@@ -283,5 +284,36 @@ def run_learner(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int,
             _send_stats(link, learner)
     _send_stats(link, learner)
     client.close()
+    store.done()
+    link.end()
+
+
+def run_evaluator(store: ParameterStore, cfg: Config, mcomm, rank: int) -> None:
+    """Evaluator rank: every ``eval_every_frames`` global frames, pull the current parameters and
+    play ``eval_episodes`` evaluation episodes (recorded in the ``eval`` group)."""
+    from hpcrl.program import env_spec
+
+    torch.manual_seed(cfg.seed + 1000 * rank)
+    rng = np.random.default_rng(cfg.seed + 1000 * rank)
+    link = ClientLink(mcomm, rank)
+    obs_shape, num_actions = env_spec(cfg)
+    net = build_network(cfg, obs_shape, num_actions)
+    layout = ParamLayout.from_module(net)
+    theta = np.empty(layout.size, np.float32)
+    layout.bind(net, theta)
+    every = cfg.eval_every_frames or cfg.total_frames
+    next_eval, rounds = every, 0
+    while True:
+        frames = store.read_word(0, FRAMES)
+        if frames >= cfg.total_frames:
+            break
+        if frames < next_eval:
+            time.sleep(0.05)
+            continue
+        store.pull(theta)
+        for ret, length in evaluate(net, cfg, cfg.seed + 1000 * rank + rounds, rng):
+            link.episode(frames, ret, length, eval_=True)
+        rounds += 1
+        next_eval = (frames // every + 1) * every
     store.done()
     link.end()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -114,6 +115,7 @@ class Reporter:
         self.t0 = time.monotonic()
         self.last_report = (self.t0, 0)
         self.buf = np.zeros(max(len(EPISODE_FIELDS), len(STATS_FIELDS)))
+        self.tty = sys.stdout.isatty()
 
     def drain(self) -> None:
         status = MPI.Status()
@@ -156,10 +158,16 @@ class Reporter:
                            frames_per_second=fps, wall_time=now - self.t0)
         self.writer.flush()
         recent = np.mean(self.returns[-20:]) if self.returns else float("nan")
-        print(f"[hpcrl] frames {c['frames']:>11,} | {fps:8.0f} frames/s | episodes "
-              f"{self.episodes:>6} | return(last 20) {recent:8.2f} | updates {c['applied']:>9,}"
-              f" | dropped stale {c['dropped_stale']} outlier {int(s['dropped_outlier'])} "
-              f"nonfinite {c['dropped_nonfinite'] + int(s['dropped_nonfinite'])}", flush=True)
+        line = (f"frames {c['frames']:>11,} | {fps:8.0f} frames/s | episodes {self.episodes:>6} | "
+                f"return(last 20) {recent:8.2f} | updates {c['applied']:>9,} | dropped stale "
+                f"{c['dropped_stale']} outlier {int(s['dropped_outlier'])} nonfinite "
+                f"{c['dropped_nonfinite'] + int(s['dropped_nonfinite'])}")
+        if self.tty:
+            done = min(c["frames"] / self.cfg.total_frames, 1.0)
+            bar = "#" * int(30 * done) + "." * (30 - int(30 * done))
+            print(f"\r[{bar}] {100 * done:5.1f}% {line}", end="", flush=True)
+        else:
+            print(f"[hpcrl] {line}", flush=True)
 
     def finish(self) -> None:
         while len(self.ended) < len(self.clients):
@@ -167,6 +175,8 @@ class Reporter:
             time.sleep(1e-3)
         self.drain()
         self.report(time.monotonic())
+        if self.tty:
+            print(flush=True)
         self.writer.close("finished")
 
 
@@ -213,6 +223,10 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout) -> int:
 
         run_actor(store, cfg, mcomm, rcomm, rank, layout.ranks_of(Role.REPLAY),
                   layout.index_in_role(rank))
+    elif role == Role.EVALUATOR:
+        from hpcrl.gorila import run_evaluator
+
+        run_evaluator(store, cfg, mcomm, rank)
     elif role == Role.LEARNER:
         from hpcrl.gorila import run_learner
 
@@ -225,8 +239,15 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout) -> int:
     return 0
 
 
+def _assert_no_torch(role: str) -> None:
+    """ps and replay ranks must not import torch: ~155 MB each, and 130 ranks share 24 GiB."""
+    if "torch" in sys.modules:
+        raise RuntimeError(f"a {role} rank imported torch; it must not (memory per rank)")
+
+
 def run_replay(cfg: Config, rcomm: MPI.Comm, layout: Layout, rank: int) -> None:
     """A global replay rank (no torch): serves its actors' streams to all learners."""
+    _assert_no_torch("replay")
     from hpcrl.envs import make_env
     from hpcrl.replay_server import ReplayServer
 
@@ -249,6 +270,7 @@ def run_ps(store: ParameterStore, cfg: Config, mcomm: MPI.Comm, layout: Layout,
            run_dir: Path) -> None:
     from hpcrl.optim import ShardOptimizer
 
+    _assert_no_torch("ps")
     opt = ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
                          decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum)
     # Gorila refreshes the target every N applied updates; the async methods ask for it

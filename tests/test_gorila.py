@@ -76,6 +76,8 @@ def test_global_replay_actors_and_learners_share_data():
     (6, ["mode=split", "n_learners=1"], "1 ps, 1 learner, 3 actor, 1 replay"),
     (6, ["mode=split", "n_actors=1"], "1 ps, 3 learner, 1 actor, 1 replay"),
     (5, ["n_evaluators=0", "eval_every_frames=300", "eval_episodes=2"], "1 ps, 4 actor-learner"),
+    (5, ["n_evaluators=1", "eval_every_frames=1000", "eval_episodes=2"],
+     "1 ps, 3 actor-learner, 1 evaluator"),
 ])
 def test_modes_start_and_stop_cleanly(world, sets, counts, tmp_path):
     run_dir = tmp_path / "r"
@@ -92,3 +94,34 @@ def test_modes_start_and_stop_cleanly(world, sets, counts, tmp_path):
     assert m["train"]["updates"][-1] > 0
     if "eval_every_frames=300" in sets:
         assert len(m["eval"]["frames"]) >= 2 * 4    # every actor-learner evaluated at least once
+        assert set(m["eval"]["rank"]) == {1, 2, 3, 4}
+    if "n_evaluators=1" in sets:                    # the evaluator (rank 4) every 1000 frames
+        assert len(m["eval"]["frames"]) >= 2 and set(m["eval"]["rank"]) == {4}
+
+
+def test_learner_counts_outlier_and_nonfinite_drops():
+    """GorilaLearner: a loss far above the running statistics is dropped and counted; a NaN
+    batch is dropped as non-finite; neither touches the update count."""
+    import torch
+
+    from hpcrl.config import load_config
+    from hpcrl.gorila import GorilaLearner
+    from hpcrl.networks import MLPQNetwork
+    from hpcrl.types import Transition
+
+    torch.manual_seed(0)
+    cfg = load_config(None, ["outlier_k=3"])
+    net, target = MLPQNetwork(2, 2, hidden=(8,)), MLPQNetwork(2, 2, hidden=(8,))
+    learner = GorilaLearner(net, target, cfg)
+    learner.outliers.warmup = 5
+
+    def batch(reward):
+        s = np.zeros((4, 1, 2), np.float32)
+        return Transition(s, np.zeros(4, np.int64), np.full(4, reward, np.float32),
+                          np.ones(4, np.float32), s)
+
+    for i in range(10):                                  # steady small losses
+        assert learner.gradient(batch(0.01 * (i % 3))) is not None
+    assert learner.gradient(batch(1e4)) is None          # |TD| ~ 1e4: far above mean + 3 std
+    assert learner.gradient(batch(np.nan)) is None
+    assert (learner.updates, learner.dropped_outlier, learner.dropped_nonfinite) == (10, 1, 1)
