@@ -19,6 +19,7 @@ import traceback
 
 EXIT_CONFIG = 2      # bad config, layout, game or run directory
 EXIT_FAILURE = 1     # an exception on some rank (job aborted)
+EXIT_REQUEUE = 85    # stopped by SIGUSR1/SIGTERM after writing a checkpoint: requeue me
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
