@@ -1,0 +1,79 @@
+"""Checkpoint generations: complete-or-absent, fallback past damaged files, pruning."""
+
+import numpy as np
+import pytest
+
+from hpcrl import checkpoint as ck
+
+
+def make_gen(root, gen, ranks=2, value=0.0):
+    files = [ck.write_state(ck.rank_file(root, gen, r),
+                            {"params": np.full(1000, value + r, np.float32), "step": np.int64(gen),
+                             "opt/G": np.arange(3.0)})
+             for r in range(ranks)]
+    ck.write_manifest(root, gen, files, {"frames": 100 * gen})
+    return files
+
+
+def test_round_trip_and_latest(tmp_path):
+    make_gen(tmp_path, 1, value=1.0)
+    make_gen(tmp_path, 2, value=2.0)
+    gen, manifest = ck.latest_complete(tmp_path)
+    assert gen == 2 and manifest["frames"] == 200 and len(manifest["files"]) == 2
+    state = ck.read_state(ck.rank_file(tmp_path, 2, 1))
+    np.testing.assert_array_equal(state["params"], np.full(1000, 3.0, np.float32))
+    assert state["step"] == 2 and list(state["opt/G"]) == [0, 1, 2]
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_generation_without_manifest_never_counts(tmp_path):
+    make_gen(tmp_path, 1)
+    ck.write_state(ck.rank_file(tmp_path, 2, 0), {"x": np.zeros(3)})   # crashed before manifest
+    assert ck.latest_complete(tmp_path)[0] == 1
+
+
+@pytest.mark.parametrize("damage, reason", [("truncate", "truncated"), ("flip", "corrupted"),
+                                            ("delete", "missing")])
+def test_damaged_file_falls_back_with_warning(tmp_path, damage, reason):
+    make_gen(tmp_path, 1)
+    make_gen(tmp_path, 2)
+    path = ck.rank_file(tmp_path, 2, 1)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        data[-100] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        path.unlink()
+    warnings = []
+    gen, _ = ck.latest_complete(tmp_path, warn=warnings.append)
+    assert gen == 1
+    assert len(warnings) == 1 and "generation 2" in warnings[0] and reason in warnings[0]
+
+
+def test_none_complete(tmp_path):
+    assert ck.latest_complete(tmp_path / "nothing") is None
+    make_gen(tmp_path, 1)
+    ck.rank_file(tmp_path, 1, 0).write_bytes(b"garbage")
+    assert ck.latest_complete(tmp_path, warn=lambda m: None) is None
+
+
+def test_prune_keeps_newest_complete(tmp_path):
+    for g in (1, 2, 3, 4):
+        make_gen(tmp_path, g)
+    ck.write_state(ck.rank_file(tmp_path, 5, 0), {"x": np.zeros(1)})   # in progress: kept
+    ck.prune(tmp_path, keep=2)
+    assert ck.generations(tmp_path) == [3, 4, 5]
+
+
+def test_unreadable_file_is_a_clear_error(tmp_path):
+    p = tmp_path / "bad.h5"
+    p.write_bytes(b"not hdf5")
+    with pytest.raises(ck.CheckpointError, match="bad.h5: unreadable checkpoint file"):
+        ck.read_state(p)
+
+
+def test_object_arrays_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="not a plain array"):
+        ck.write_state(tmp_path / "x.h5", {"bad": np.array([{"a": 1}], dtype=object)})
