@@ -59,7 +59,9 @@ from hpcrl.losses import a3c_loss, dqn_loss
 from hpcrl.networks import ParamLayout, reset_lstm_state
 from hpcrl.params.store import FRAMES, STEPS, TV, ParameterStore
 from hpcrl.policies import LinearSchedule, epsilon_greedy, linear_lr, sample_final_epsilon
-from hpcrl.program import ClientLink, build_network, env_kwargs
+from hpcrl.coord import STOP_BUDGET
+from hpcrl.program import Context, build_network, env_kwargs, sub_state, with_prefix
+from hpcrl.replay import generator_state_from_array, generator_state_to_array
 
 VALUE_METHODS = ("one_step_q", "one_step_sarsa", "n_step_q")
 
@@ -430,13 +432,35 @@ def target_refresh_due(steps_after: int, num_steps: int, every: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- MPI loop
-def run_actor_learner(store: ParameterStore, cfg: Config, mcomm, rank: int) -> None:
-    """Act, compute the rollout gradient, push, pull; until the global frame budget is spent."""
-    torch.manual_seed(cfg.seed + 1000 * rank)
-    rng = np.random.default_rng(cfg.seed + 1000 * rank)
-    link = ClientLink(mcomm, rank)
+def _policy_state(policy) -> dict:
+    out = {"rng": generator_state_to_array(policy.rng)}
+    if isinstance(policy, EpsilonGreedyPolicy):
+        out.update(final_epsilons=policy.final_epsilons, local_frames=np.int64(policy.local_frames))
+    elif policy.state is not None:                       # LSTM (h, c)
+        out.update(h=policy.state[0].numpy().copy(), c=policy.state[1].numpy().copy())
+    return out
+
+
+def _set_policy_state(policy, state: dict) -> None:
+    generator_state_from_array(policy.rng, state["rng"])
+    if isinstance(policy, EpsilonGreedyPolicy):
+        policy.final_epsilons = np.array(state["final_epsilons"])
+        policy.schedules = [LinearSchedule(1.0, e, policy.schedules[0].duration)
+                            for e in policy.final_epsilons]
+        policy.local_frames = int(state["local_frames"])
+    elif "h" in state:
+        policy.state = (torch.from_numpy(np.array(state["h"])), torch.from_numpy(np.array(state["c"])))
+
+
+def run_actor_learner(ctx: Context) -> None:
+    """Act, compute the rollout gradient, push, pull; until the global frame budget is spent
+    or a coordinated checkpoint says stop."""
+    cfg, store = ctx.cfg, ctx.store
+    torch.manual_seed(ctx.seed)
+    rng = np.random.default_rng(ctx.seed)
+    link = ctx.link()
     n_env = cfg.envs_per_actor
-    env = make_env(cfg.game, n_env, cfg.seed + 1000 * rank, **env_kwargs(cfg, training=True))
+    env = make_env(cfg.game, n_env, ctx.seed, **env_kwargs(cfg, training=True))
     net = build_network(cfg, env.obs_shape, env.num_actions)
     value_method = cfg.algo in VALUE_METHODS
     target = build_network(cfg, env.obs_shape, env.num_actions) if value_method else None
@@ -458,12 +482,47 @@ def run_actor_learner(store: ParameterStore, cfg: Config, mcomm, rank: int) -> N
             link.episode(global_frames, float(res.episode_return[i]), int(res.episode_frames[i]))
 
     obs = env.reset()
+    a_next = None
+    rollouts = 0
+    if ctx.state:
+        st = ctx.state
+        env.set_state(sub_state(st, "env"))
+        obs = np.array(st["obs"])
+        _set_policy_state(policy, sub_state(st, "policy"))
+        torch.set_rng_state(torch.from_numpy(np.array(st["torch_rng"])))
+        a_next = np.array(st["a_next"]) if "a_next" in st else None
+        rollouts = int(st["rollouts"])
+        learner.loss_sum, learner.loss_count = float(st["loss_sum"]), int(st["loss_count"])
+        learner.updates, learner.dropped_nonfinite = int(st["updates"]), int(st["dropped_nonfinite"])
+
+    def checkpoint_state() -> dict:
+        out = {**with_prefix("env", env.get_state()), "obs": obs.copy(),
+               **with_prefix("policy", _policy_state(policy)),
+               "torch_rng": torch.get_rng_state().numpy().copy(), "rollouts": np.int64(rollouts),
+               "loss_sum": np.float64(learner.loss_sum), "loss_count": np.int64(learner.loss_count),
+               "updates": np.int64(learner.updates),
+               "dropped_nonfinite": np.int64(learner.dropped_nonfinite)}
+        if a_next is not None:
+            out["a_next"] = np.asarray(a_next)
+        return out
+
+    def send_stats() -> None:
+        link.stats(learner.loss_sum, learner.loss_count, learner.updates, 0,
+                   learner.dropped_nonfinite)
+
     versions = store.pull(theta)
     layout.from_flat(net, theta)
     target_version = -1
-    a_next = None
-    rollouts = 0
-    while global_frames < cfg.total_frames:
+    while True:
+        if ctx.coord.due():
+            send_stats()
+            if ctx.client_checkpoint(link, checkpoint_state):
+                break
+            versions = store.pull(theta)
+            layout.from_flat(net, theta)
+        if global_frames >= cfg.total_frames:
+            ctx.coord.request(STOP_BUDGET)
+            continue
         if value_method:
             tv = store.read_word(0, TV)
             if tv != target_version:
@@ -486,9 +545,5 @@ def run_actor_learner(store: ParameterStore, cfg: Config, mcomm, rank: int) -> N
         layout.from_flat(net, theta)
         rollouts += 1
         if rollouts % 64 == 0:
-            link.stats(learner.loss_sum, learner.loss_count, learner.updates, 0,
-                       learner.dropped_nonfinite)
-    link.stats(learner.loss_sum, learner.loss_count, learner.updates, 0, learner.dropped_nonfinite)
+            send_stats()
     env.close()
-    store.done()
-    link.end()

@@ -35,7 +35,7 @@ def bench_ps(floats: int, reps: int, idle_s: float, optimizer: str) -> dict | No
     from mpi4py import MPI
 
     from hpcrl.optim import ShardOptimizer
-    from hpcrl.params.store import ParameterStore, ShardServer, StoreSpec
+    from hpcrl.params.store import BENCH_WORD, ParameterStore, ShardServer, StoreSpec
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -53,7 +53,7 @@ def bench_ps(floats: int, reps: int, idle_s: float, optimizer: str) -> dict | No
 
         def on_idle():
             nonlocal cpu0, wall0
-            if cpu0 is None and store.read_word(0, 15) == 1:   # word 15: "idle phase started"
+            if cpu0 is None and store.read_word(0, BENCH_WORD) == 1:   # "idle phase started"
                 cpu0, wall0 = time.process_time(), time.monotonic()
 
         t0 = time.perf_counter()
@@ -89,7 +89,7 @@ def bench_ps(floats: int, reps: int, idle_s: float, optimizer: str) -> dict | No
             t["acc"].append(_median_time(raw_acc, 1))
         med = {k: float(np.median(v)) for k, v in t.items()}
         nbytes = floats * 4
-        store._atomic(0, 15, 1)                   # tell the ps its idle phase starts now
+        store._atomic(0, BENCH_WORD, 1)           # tell the ps its idle phase starts now
         time.sleep(idle_s)
         store.done()
         ps = comm.recv(source=0)

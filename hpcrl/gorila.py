@@ -27,9 +27,11 @@ from hpcrl.envs import make_env
 from hpcrl.losses import dqn_loss, q_learning_td
 from hpcrl.networks import ParamLayout
 from hpcrl.params.store import FRAMES, TV, ParameterStore
+from hpcrl.topology import Role
 from hpcrl.policies import LinearSchedule, LossOutlierFilter, epsilon_greedy
-from hpcrl.program import ClientLink, build_network, env_kwargs
-from hpcrl.replay import ReplayMemory
+from hpcrl.coord import STOP_BUDGET
+from hpcrl.program import ClientLink, Context, build_network, env_kwargs, sub_state, with_prefix
+from hpcrl.replay import ReplayMemory, generator_state_from_array, generator_state_to_array
 
 
 class GorilaLearner:
@@ -43,6 +45,23 @@ class GorilaLearner:
         self.outliers = LossOutlierFilter(cfg.outlier_k) if cfg.outlier_k > 0 else None
         self.loss_sum, self.loss_count, self.updates = 0.0, 0, 0
         self.dropped_outlier = self.dropped_nonfinite = 0
+
+    def get_state(self) -> dict:
+        state = {"loss_sum": np.float64(self.loss_sum), "loss_count": np.int64(self.loss_count),
+                 "updates": np.int64(self.updates),
+                 "dropped_outlier": np.int64(self.dropped_outlier),
+                 "dropped_nonfinite": np.int64(self.dropped_nonfinite)}
+        if self.outliers is not None:
+            state.update(with_prefix("outliers", self.outliers.get_state()))
+        return state
+
+    def set_state(self, state: dict) -> None:
+        self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
+        self.updates = int(state["updates"])
+        self.dropped_outlier = int(state["dropped_outlier"])
+        self.dropped_nonfinite = int(state["dropped_nonfinite"])
+        if self.outliers is not None and sub_state(state, "outliers"):
+            self.outliers.set_state(sub_state(state, "outliers"))
 
     def gradient(self, batch) -> np.ndarray | None:
         """Flat gradient of the DQN loss on ``batch``, or None if the rules drop it."""
@@ -139,6 +158,26 @@ class Actor:
             sink.first(i, self._newest(self.obs[i]))
         self.sync()
 
+    def get_state(self) -> dict:
+        """Environment (emulators included), observation, RNG and schedule position."""
+        return {**with_prefix("env", self.env.get_state()), "obs": self.obs.copy(),
+                "rng": generator_state_to_array(self.rng),
+                "local_frames": np.int64(self.local_frames), "steps": np.int64(self.steps),
+                "next_eval": np.int64(-1 if self.next_eval is None else self.next_eval)}
+
+    def set_state(self, state: dict) -> None:
+        self.env.set_state(sub_state(state, "env"))
+        self.obs = np.array(state["obs"])
+        generator_state_from_array(self.rng, state["rng"])
+        self.local_frames, self.steps = int(state["local_frames"]), int(state["steps"])
+        self.next_eval = None if int(state["next_eval"]) < 0 else int(state["next_eval"])
+
+    def restart_streams(self) -> None:
+        """After a resume without replay contents: start new replay episodes at the current
+        observation, so that stacking never reaches into frames that were not restored."""
+        for i in range(self.env.num_envs):
+            self.sink.first(i, self._newest(self.obs[i]))
+
     def _newest(self, obs: np.ndarray) -> np.ndarray:
         return obs[-1] if self.image else obs
 
@@ -197,24 +236,73 @@ def frame_dtype(obs_shape) -> type:
     return np.uint8 if len(obs_shape) == 3 else np.float32
 
 
-def run_bundle(store: ParameterStore, cfg: Config, mcomm, rank: int) -> None:
-    """Gorila bundled mode: act, store locally, learn and push until the frame budget is spent."""
-    torch.manual_seed(cfg.seed + 1000 * rank)
-    link = ClientLink(mcomm, rank)
+def _torch_rng_state() -> np.ndarray:
+    return torch.get_rng_state().numpy().copy()
+
+
+def _restore_common(ctx: Context, actor: "Actor | None", learner: "GorilaLearner | None") -> dict:
+    """Restore what every Gorila client checkpoints; returns this rank's state (or {})."""
+    state = ctx.state or {}
+    if state:
+        torch.set_rng_state(torch.from_numpy(np.array(state["torch_rng"])))
+        if actor is not None:
+            actor.set_state(sub_state(state, "actor"))
+        if learner is not None:
+            learner.set_state(sub_state(state, "learner"))
+    return state
+
+
+def _common_state(actor: "Actor | None", learner: "GorilaLearner | None") -> dict:
+    state = {"torch_rng": _torch_rng_state()}
+    if actor is not None:
+        state.update(with_prefix("actor", actor.get_state()))
+    if learner is not None:
+        state.update(with_prefix("learner", learner.get_state()))
+    return state
+
+
+def run_bundle(ctx: Context) -> None:
+    """Gorila bundled mode: act, store locally, learn and push until the frame budget is spent
+    (or a coordinated checkpoint says stop)."""
+    cfg, store = ctx.cfg, ctx.store
+    torch.manual_seed(ctx.seed)
+    link = ctx.link()
     n_env = cfg.envs_per_actor
-    env = make_env(cfg.game, n_env, cfg.seed + 1000 * rank, **env_kwargs(cfg, training=True))
+    env = make_env(cfg.game, n_env, ctx.seed, **env_kwargs(cfg, training=True))
     stack = env.obs_shape[0] if len(env.obs_shape) == 3 else 1
     replays = [ReplayMemory(max(cfg.replay_capacity // n_env, 1), env.frame_shape,
-                            frame_dtype(env.obs_shape), stack, cfg.seed + 1000 * rank + i)
+                            frame_dtype(env.obs_shape), stack, ctx.seed + i)
                for i in range(n_env)]
-    actor = Actor(cfg, rank, store, link, LocalReplaySink(replays), env=env)
-    net = actor.net
+    actor = Actor(cfg, ctx.rank, store, link, LocalReplaySink(replays), env=env)
     target = build_network(cfg, env.obs_shape, env.num_actions)
-    learner = GorilaLearner(net, target, cfg)
+    learner = GorilaLearner(actor.net, target, cfg)
     targets = TargetTracker(store, target, learner.layout)
+    state = _restore_common(ctx, actor, learner)
+    if state:
+        if sub_state(state, "replay0") is not None:
+            for i, replay in enumerate(replays):
+                replay.set_state(sub_state(state, f"replay{i}"))
+        else:
+            actor.restart_streams()
+
+    def checkpoint_state() -> dict:
+        out = _common_state(actor, learner)
+        if cfg.checkpoint_replay:
+            for i, replay in enumerate(replays):
+                out.update(with_prefix(f"replay{i}", replay.get_state()))
+        return out
+
     min_fill = max(cfg.replay_min_fill // n_env, cfg.batch_size)
     rng = actor.rng
-    while actor.step() < cfg.total_frames:
+    while True:
+        if ctx.coord.due():
+            _send_stats(link, learner)
+            if ctx.client_checkpoint(link, checkpoint_state):
+                break
+            actor.sync()                      # parameters may have moved during the pause
+        if actor.step() >= cfg.total_frames:
+            ctx.coord.request(STOP_BUDGET)
+            continue
         if actor.steps % cfg.update_every or min(r.size for r in replays) < min_fill:
             continue
         if learner.updates % cfg.learner_sync_every == 0:
@@ -225,38 +313,39 @@ def run_bundle(store: ParameterStore, cfg: Config, mcomm, rank: int) -> None:
             store.push(grad, actor.versions, cfg.learning_rate)
         if actor.steps % 64 == 0:
             _send_stats(link, learner)
-    _send_stats(link, learner)
     env.close()
-    store.done()
-    link.end()
 
 
-def run_actor(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int, replay_ranks,
-              actor_index: int) -> None:
+def run_actor(ctx: Context) -> None:
     """Gorila split mode, actor: act and ship transitions to a global replay rank."""
     from hpcrl.replay_server import ChunkSender
 
-    torch.manual_seed(cfg.seed + 1000 * rank)
-    link = ClientLink(mcomm, rank)
-    sink = ChunkSender(rcomm, replay_ranks, actor_index)
-    actor = Actor(cfg, rank, store, link, sink)
-    while actor.step() < cfg.total_frames:
-        pass
-    sink.close()
+    cfg = ctx.cfg
+    torch.manual_seed(ctx.seed)
+    link = ctx.link()
+    replay_ranks = ctx.layout.ranks_of(Role.REPLAY)
+    sink = ChunkSender(ctx.rcomm, replay_ranks, ctx.layout.index_in_role(ctx.rank))
+    actor = Actor(cfg, ctx.rank, ctx.store, link, sink)
+    if _restore_common(ctx, actor, None):
+        sink.rows.clear()                     # the replay rank restored its own streams
+    while True:
+        if ctx.coord.due():
+            if ctx.client_checkpoint(link, lambda: _common_state(actor, None), sink.marker):
+                break
+            actor.sync()
+        if actor.step() >= cfg.total_frames:
+            ctx.coord.request(STOP_BUDGET)
     actor.env.close()
-    store.done()
-    link.end()
 
 
-def run_learner(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int,
-                replay_ranks) -> None:
+def run_learner(ctx: Context) -> None:
     """Gorila split mode, learner: sample global replay, compute and push DQN gradients."""
-    from hpcrl.params.store import FRAMES as FRAMES_WORD
     from hpcrl.program import env_spec
     from hpcrl.replay_server import BatchClient
 
-    torch.manual_seed(cfg.seed + 1000 * rank)
-    link = ClientLink(mcomm, rank)
+    cfg, store = ctx.cfg, ctx.store
+    torch.manual_seed(ctx.seed)
+    link = ctx.link()
     obs_shape, num_actions = env_spec(cfg)
     net = build_network(cfg, obs_shape, num_actions)
     target = build_network(cfg, obs_shape, num_actions)
@@ -266,10 +355,26 @@ def run_learner(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int,
     learner.layout.bind(net, theta)
     stack = obs_shape[0] if len(obs_shape) == 3 else 1
     frame_shape = obs_shape[1:] if len(obs_shape) == 3 else obs_shape
-    client = BatchClient(rcomm, replay_ranks, cfg.seed + 1000 * rank, (stack,) + tuple(frame_shape),
-                         frame_dtype(obs_shape))
+    client = BatchClient(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY), ctx.seed,
+                         (stack,) + tuple(frame_shape), frame_dtype(obs_shape))
+    state = _restore_common(ctx, None, learner)
+    if state:
+        generator_state_from_array(client.rng, state["client_rng"])
+
+    def checkpoint_state() -> dict:
+        return {**_common_state(None, learner), "client_rng": generator_state_to_array(client.rng)}
+
     versions = None
-    while store.read_word(0, FRAMES_WORD) < cfg.total_frames:
+    while True:
+        if ctx.coord.due():
+            _send_stats(link, learner)
+            if ctx.client_checkpoint(link, checkpoint_state, client.marker):
+                break
+            versions = None
+        if store.read_word(0, FRAMES) >= cfg.total_frames:
+            ctx.coord.request(STOP_BUDGET)
+            time.sleep(0.001)
+            continue
         batch = client.sample(cfg.batch_size)
         if batch is None:                       # replay not filled yet
             time.sleep(0.01)
@@ -282,20 +387,17 @@ def run_learner(store: ParameterStore, cfg: Config, mcomm, rcomm, rank: int,
             store.push(grad, versions, cfg.learning_rate)
         if learner.updates % 64 == 0:
             _send_stats(link, learner)
-    _send_stats(link, learner)
-    client.close()
-    store.done()
-    link.end()
 
 
-def run_evaluator(store: ParameterStore, cfg: Config, mcomm, rank: int) -> None:
+def run_evaluator(ctx: Context) -> None:
     """Evaluator rank: every ``eval_every_frames`` global frames, pull the current parameters and
     play ``eval_episodes`` evaluation episodes (recorded in the ``eval`` group)."""
     from hpcrl.program import env_spec
 
-    torch.manual_seed(cfg.seed + 1000 * rank)
-    rng = np.random.default_rng(cfg.seed + 1000 * rank)
-    link = ClientLink(mcomm, rank)
+    cfg, store = ctx.cfg, ctx.store
+    torch.manual_seed(ctx.seed)
+    rng = np.random.default_rng(ctx.seed)
+    link = ctx.link()
     obs_shape, num_actions = env_spec(cfg)
     net = build_network(cfg, obs_shape, num_actions)
     layout = ParamLayout.from_module(net)
@@ -303,17 +405,26 @@ def run_evaluator(store: ParameterStore, cfg: Config, mcomm, rank: int) -> None:
     layout.bind(net, theta)
     every = cfg.eval_every_frames or cfg.total_frames
     next_eval, rounds = every, 0
+    if ctx.state:
+        generator_state_from_array(rng, ctx.state["rng"])
+        next_eval, rounds = int(ctx.state["next_eval"]), int(ctx.state["rounds"])
+
+    def checkpoint_state() -> dict:
+        return {"rng": generator_state_to_array(rng), "next_eval": np.int64(next_eval),
+                "rounds": np.int64(rounds)}
+
     while True:
+        if ctx.coord.due():
+            if ctx.client_checkpoint(link, checkpoint_state):
+                break
         frames = store.read_word(0, FRAMES)
         if frames >= cfg.total_frames:
-            break
-        if frames < next_eval:
+            ctx.coord.request(STOP_BUDGET)
+        if frames < next_eval or frames >= cfg.total_frames:
             time.sleep(0.05)
             continue
         store.pull(theta)
-        for ret, length in evaluate(net, cfg, cfg.seed + 1000 * rank + rounds, rng):
+        for ret, length in evaluate(net, cfg, ctx.seed + rounds, rng):
             link.episode(frames, ret, length, eval_=True)
         rounds += 1
         next_eval = (frames // every + 1) * every
-    store.done()
-    link.end()

@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from hpcrl.params.store import ParameterStore, ShardServer, StoreSpec
 from hpcrl.topology import Layout, Role
 
 # Messages from clients to rank 0 (float64 rows on a dedicated communicator).
-TAG_EPISODE, TAG_STATS, TAG_END = 11, 12, 13
+TAG_EPISODE, TAG_STATS, TAG_END, TAG_CKPT = 11, 12, 13, 14
 EPISODE_FIELDS = ("kind", "frames", "return", "length", "rank", "wall_time")  # kind 0 train, 1 eval
 STATS_FIELDS = ("loss_sum", "loss_count", "updates", "dropped_outlier", "dropped_nonfinite")
 
@@ -76,16 +77,49 @@ def count_params(cfg: Config) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
-def prepare_run_dir(comm: MPI.Comm, cfg: Config) -> Path:
-    """Rank 0 creates the run directory and writes config.toml; all ranks learn the outcome."""
+#: Fields that define what a run directory holds: a different value is a different run.
+IDENTITY_FIELDS = ("algo", "game", "seed", "mode", "network", "mlp_hidden", "lstm",
+                   "frame_skip", "frame_stack")
+
+
+def _owner_mismatch(run_dir: Path, cfg: Config) -> str | None:
+    """Which identity field of the run already in ``run_dir`` differs from ``cfg``, if any."""
+    from hpcrl.config import load_config
+
+    path = run_dir / "config.toml"
+    if not path.exists():
+        return None
+    try:
+        old = load_config(path)
+    except ConfigError as exc:
+        return f"its config.toml is unreadable ({exc})"
+    for name in IDENTITY_FIELDS:
+        if getattr(old, name) != getattr(cfg, name):
+            return f"it holds a run with {name}={getattr(old, name)!r}, not {getattr(cfg, name)!r}"
+    return None
+
+
+def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False) -> Path:
+    """Rank 0 checks, creates and claims the run directory; all ranks learn the outcome.
+
+    A directory that holds a different run (see IDENTITY_FIELDS) is refused unless
+    ``force_new``, which moves it aside to ``<dir>.old-<unix time>`` (never deletes it).
+    """
     run_dir = cfg.resolved_run_dir()
     error = None
     if comm.Get_rank() == 0:
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = run_dir / "config.toml.tmp"
-            tmp.write_text(to_toml(cfg))
-            os.replace(tmp, run_dir / "config.toml")
+            mismatch = _owner_mismatch(run_dir, cfg)
+            if mismatch and not force_new:
+                error = (f"run directory {run_dir} belongs to another run: {mismatch}; choose "
+                         "another --set run_dir=..., or pass --force-new to move it aside")
+            else:
+                if mismatch:
+                    os.replace(run_dir, run_dir.with_name(f"{run_dir.name}.old-{int(time.time())}"))
+                run_dir.mkdir(parents=True, exist_ok=True)
+                tmp = run_dir / "config.toml.tmp"
+                tmp.write_text(to_toml(cfg))
+                os.replace(tmp, run_dir / "config.toml")
         except OSError as exc:
             error = f"run directory {run_dir} is not usable: {exc.strerror or exc}"
     error = comm.bcast(error, root=0)
@@ -94,26 +128,65 @@ def prepare_run_dir(comm: MPI.Comm, cfg: Config) -> Path:
     return run_dir
 
 
+def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
+    """Rank 0 picks the newest complete checkpoint generation and checks that this job can
+    continue it; every rank gets (generation, manifest) or None, or the same ConfigError."""
+    from hpcrl import checkpoint as ck
+
+    found, error = None, None
+    if comm.Get_rank() == 0:
+        found = ck.latest_complete(run_dir / "checkpoints",
+                                   warn=lambda m: print(m, flush=True))
+        if found is not None:
+            gen, manifest = found
+            roles = [r.value for r in layout.roles]
+            if manifest.get("roles") != roles:
+                error = (f"checkpoint generation {gen} in {run_dir} was written by a job with "
+                         f"{len(manifest.get('roles', []))} ranks "
+                         f"({_counts(manifest.get('roles', []))}); this job has "
+                         f"{layout.world_size} ({_counts(roles)}). Resume with the same "
+                         "layout (mpiexec -n and n_ps, mode, n_* fields), or use another run_dir")
+            elif manifest.get("n_params") != n_params:
+                error = (f"checkpoint generation {gen} has {manifest.get('n_params')} network "
+                         f"parameters, this network has {n_params}")
+    found, error = comm.bcast((found, error), root=0)
+    if error:
+        raise ConfigError(error)
+    return found
+
+
+def _counts(roles: list[str]) -> str:
+    return ", ".join(f"{roles.count(r)} {r}" for r in dict.fromkeys(roles))
+
+
 class Reporter:
     """Rank 0's gatherer: episodes and learner statistics from all clients into metrics.h5,
     plus a progress line every ``log_every_s`` seconds."""
 
     def __init__(self, mcomm: MPI.Comm, store: ParameterStore, cfg: Config, layout: Layout,
-                 run_dir: Path):
+                 run_dir: Path, resume_frames: int | None = None):
         from hpcrl.metrics import MetricsWriter
 
         self.mcomm, self.store, self.cfg = mcomm, store, cfg
         self.clients = layout.client_ranks
         attrs = dict(algo=cfg.algo, game=cfg.game, seed=cfg.seed, config=to_toml(cfg),
                      hpcrl_version=__version__)
-        self.writer = MetricsWriter(run_dir / "metrics.h5", attrs)
+        path = run_dir / "metrics.h5"
+        resume = resume_frames is not None and path.exists()
+        self.writer = MetricsWriter(path, attrs, resume=resume)
+        if resume:
+            self.writer.rollback(resume_frames)   # rows after the checkpoint happen again
+        self.markers = 0
+        self.resume_frames = resume_frames or 0
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
         self.loss_at_report = (0.0, 0.0)
         self.ended: set[int] = set()
         self.returns: list[float] = []
         self.episodes = 0
         self.t0 = time.monotonic()
-        self.last_report = (self.t0, 0)
+        self.last_report = (self.t0, self.resume_frames)
+        if resume:
+            self.episodes = self.writer.rows("episodes")
         self.buf = np.zeros(max(len(EPISODE_FIELDS), len(STATS_FIELDS)))
         self.tty = sys.stdout.isatty()
 
@@ -133,6 +206,8 @@ class Reporter:
                 self.stats[src] = self.buf[:len(STATS_FIELDS)].copy()
             elif tag == TAG_END:
                 self.ended.add(src)
+            elif tag == TAG_CKPT:
+                self.markers += 1
 
     def tick(self) -> None:
         self.drain()
@@ -169,32 +244,86 @@ class Reporter:
         else:
             print(f"[hpcrl] {line}", flush=True)
 
-    def finish(self) -> None:
-        while len(self.ended) < len(self.clients):
+    def before_checkpoint(self) -> None:
+        """Drain every client's messages up to its checkpoint marker, then flush: the file then
+        holds exactly the episodes played before the checkpoint."""
+        while self.markers < len(self.clients):
             self.drain()
-            time.sleep(1e-3)
+            time.sleep(1e-4)
+        self.markers = 0
+        self.writer.flush()
+
+    def finish(self, status: str = "finished") -> None:
         self.drain()
         self.report(time.monotonic())
         if self.tty:
             print(flush=True)
-        self.writer.close("finished")
+        self.writer.close(status)
 
 
-def run(comm: MPI.Comm, cfg: Config, layout: Layout) -> int:
+@dataclass
+class Context:
+    """Everything a role's loop needs, built once by :func:`run`."""
+
+    comm: MPI.Comm
+    cfg: Config
+    layout: Layout
+    rank: int
+    store: ParameterStore
+    mcomm: MPI.Comm            # clients -> rank 0: episodes, statistics, checkpoint markers
+    rcomm: MPI.Comm            # actors/learners <-> global replay ranks
+    run_dir: Path
+    coord: "Coordinator"
+    state: dict | None         # this rank's state from the checkpoint being resumed
+    resume_frames: int | None  # global frames of that checkpoint
+    opt: object = None         # ps ranks: the shard optimiser
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed + 1000 * self.rank
+
+    def link(self) -> "ClientLink":
+        return ClientLink(self.mcomm, self.rank)
+
+    def client_checkpoint(self, link: "ClientLink", state_fn, markers=None) -> int:
+        """A client's part of a coordinated checkpoint; returns the stop code (0 = go on)."""
+        link.marker()
+        if markers is not None:
+            markers()
+        self.coord.client_ready()
+        return self.coord.write(state_fn)
+
+
+def sub_state(state: dict | None, prefix: str) -> dict | None:
+    """The entries of a flat checkpoint dict under ``prefix/``, prefix removed."""
+    if state is None:
+        return None
+    out = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + "/")}
+    return out or None
+
+
+def with_prefix(prefix: str, state: dict) -> dict:
+    return {f"{prefix}/{k}": v for k, v in state.items()}
+
+
+def run(comm: MPI.Comm, cfg: Config, layout: Layout, force_new: bool = False) -> int:
     """Build and run this rank's role; returns the exit status."""
+    from hpcrl import checkpoint as ck
+    from hpcrl.coord import STOP_SIGNAL, Coordinator
+    from hpcrl.run import EXIT_REQUEUE
+
     rank = comm.Get_rank()
     role = layout.roles[rank]
     role_comm = comm.Split(layout.color(rank), rank)
-    mcomm = comm.Dup()
-    rcomm = comm.Dup()
-    run_dir = prepare_run_dir(comm, cfg)
+    mcomm, rcomm = comm.Dup(), comm.Dup()
+    run_dir = prepare_run_dir(comm, cfg, force_new)
     if rank == 0:
         print(f"[hpcrl] {cfg.algo} on {cfg.game}: {layout.world_size} ranks "
               f"({', '.join(f'{n} {r}' for r, n in layout.counts().items())}), run dir {run_dir},"
               f" {MPI.Get_library_version().splitlines()[0].strip()}, host {socket.gethostname()}",
               flush=True)
     first_client = layout.client_ranks[0]
-    net = theta0 = None
+    theta0 = None
     if rank == first_client:
         obs_shape, num_actions = env_spec(cfg)
         net = build_network(cfg, obs_shape, num_actions)
@@ -202,41 +331,60 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout) -> int:
 
         theta0 = ParamLayout.from_module(net).to_flat(net)
     n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
+    found = find_resume(comm, run_dir, layout, n_params)
+    gen, manifest = found if found else (0, None)
+    state = ck.read_state(ck.rank_file(run_dir / "checkpoints", gen, rank)) if found else None
+    if rank == 0 and found:
+        print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
+              f"{manifest['frames']:,}", flush=True)
     store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
-    store.initialize(theta0)
+    opt = None
+    if role == Role.PS:
+        opt = make_optimizer(cfg, store)
+        if state is not None:
+            from hpcrl.params.store import load_shard_state
+
+            load_shard_state(store, opt, state)
+    store.initialize(None if found else theta0)
+    info = dict(roles=[r.value for r in layout.roles], world_size=layout.world_size,
+                n_params=n_params, algo=cfg.algo, game=cfg.game, seed=cfg.seed,
+                hpcrl_version=__version__)
+    coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,
+                        every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
+                        info=info)
+    ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
+                  manifest["frames"] if manifest else None, opt)
     if os.environ.get("HPCRL_FAULT_RANK") == str(rank):   # failure-injection hook for tests
         raise RuntimeError(f"injected fault on rank {rank}")
-    if role == Role.PS:
-        run_ps(store, cfg, mcomm, layout, run_dir)
-    elif role == Role.ACTOR_LEARNER and cfg.algo == "gorila":
-        from hpcrl.gorila import run_bundle
-
-        run_bundle(store, cfg, mcomm, rank)
-    elif role == Role.ACTOR_LEARNER:
-        from hpcrl.async_rl import run_actor_learner
-
-        run_actor_learner(store, cfg, mcomm, rank)
-    elif role == Role.REPLAY:
-        run_replay(cfg, rcomm, layout, rank)
-    elif role == Role.ACTOR:
-        from hpcrl.gorila import run_actor
-
-        run_actor(store, cfg, mcomm, rcomm, rank, layout.ranks_of(Role.REPLAY),
-                  layout.index_in_role(rank))
-    elif role == Role.EVALUATOR:
-        from hpcrl.gorila import run_evaluator
-
-        run_evaluator(store, cfg, mcomm, rank)
-    elif role == Role.LEARNER:
-        from hpcrl.gorila import run_learner
-
-        run_learner(store, cfg, mcomm, rcomm, rank, layout.ranks_of(Role.REPLAY))
-    else:
-        raise NotImplementedError(f"role {role.value} is not implemented yet")
+    role_main(ctx, role)()
     store.free()
     for c in (role_comm, mcomm, rcomm):
         c.Free()
-    return 0
+    return EXIT_REQUEUE if coord.stop_code == STOP_SIGNAL else 0
+
+
+def role_main(ctx: Context, role: Role):
+    """The loop of ``role`` as a zero-argument callable (imports only what the role needs)."""
+    if role == Role.PS:
+        return lambda: run_ps(ctx)
+    if role == Role.REPLAY:
+        return lambda: run_replay(ctx)
+    if role == Role.ACTOR_LEARNER and ctx.cfg.algo != "gorila":
+        from hpcrl.async_rl import run_actor_learner
+
+        return lambda: run_actor_learner(ctx)
+    from hpcrl import gorila
+
+    fn = {Role.ACTOR_LEARNER: gorila.run_bundle, Role.ACTOR: gorila.run_actor,
+          Role.LEARNER: gorila.run_learner, Role.EVALUATOR: gorila.run_evaluator}[role]
+    return lambda: fn(ctx)
+
+
+def make_optimizer(cfg: Config, store: ParameterStore):
+    from hpcrl.optim import ShardOptimizer
+
+    return ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
+                          decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum)
 
 
 def _assert_no_torch(role: str) -> None:
@@ -245,44 +393,47 @@ def _assert_no_torch(role: str) -> None:
         raise RuntimeError(f"a {role} rank imported torch; it must not (memory per rank)")
 
 
-def run_replay(cfg: Config, rcomm: MPI.Comm, layout: Layout, rank: int) -> None:
+def run_replay(ctx: Context) -> None:
     """A global replay rank (no torch): serves its actors' streams to all learners."""
     _assert_no_torch("replay")
     from hpcrl.envs import make_env
     from hpcrl.replay_server import ReplayServer
 
+    cfg, layout = ctx.cfg, ctx.layout
     env = make_env(cfg.game, 1, cfg.seed, **env_kwargs(cfg, training=False))
     image = len(env.obs_shape) == 3
     stack = env.obs_shape[0] if image else 1
     frame_shape, frame_dtype = env.frame_shape, (np.uint8 if image else np.float32)
     env.close()
     replays = layout.ranks_of(Role.REPLAY)
-    me = replays.index(rank)
+    me = replays.index(ctx.rank)
     n_actors = len(layout.ranks_of(Role.ACTOR))
     n_streams = sum(1 for a in range(n_actors) if a % len(replays) == me) * cfg.envs_per_actor
     n_peers = n_actors + len(layout.ranks_of(Role.LEARNER))
-    server = ReplayServer(rcomm, cfg.replay_capacity, cfg.replay_min_fill, frame_shape,
-                          frame_dtype, stack, n_streams, n_peers, cfg.seed + 1000 * rank)
-    server.serve()
+    server = ReplayServer(ctx.rcomm, cfg.replay_capacity, cfg.replay_min_fill, frame_shape,
+                          frame_dtype, stack, n_streams, n_peers, ctx.seed)
+    if ctx.state is not None:
+        server.set_state(ctx.state)
+    server.serve(coord=ctx.coord, save_replay=cfg.checkpoint_replay)
 
 
-def run_ps(store: ParameterStore, cfg: Config, mcomm: MPI.Comm, layout: Layout,
-           run_dir: Path) -> None:
-    from hpcrl.optim import ShardOptimizer
-
+def run_ps(ctx: Context) -> None:
     _assert_no_torch("ps")
-    opt = ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
-                         decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum)
+    from hpcrl.coord import STOP_SIGNAL
+
+    cfg = ctx.cfg
     # Gorila refreshes the target every N applied updates; the async methods ask for it
     # every I_target global steps (clients call request_target_refresh).
     target_every = cfg.target_update_every if cfg.algo == "gorila" else 0
-    server = ShardServer(store, opt, max_staleness=cfg.max_staleness,
+    server = ShardServer(ctx.store, ctx.opt, max_staleness=cfg.max_staleness,
                          target_update_every=target_every)
-    reporter = Reporter(mcomm, store, cfg, layout, run_dir) if store.rank == 0 else None
-    server.serve(idle_sleep_s=cfg.ps_idle_sleep_ms / 1e3,
-                 on_tick=reporter.tick if reporter else None)
+    reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames)
+                if ctx.rank == 0 else None)
+    stop = server.serve(idle_sleep_s=cfg.ps_idle_sleep_ms / 1e3,
+                        on_tick=reporter.tick if reporter else None, coord=ctx.coord,
+                        before_write=reporter.before_checkpoint if reporter else None)
     if reporter:
-        reporter.finish()
+        reporter.finish("preempted" if stop == STOP_SIGNAL else "finished")
 
 
 class ClientLink:
@@ -305,3 +456,7 @@ class ClientLink:
 
     def end(self) -> None:
         self.mcomm.Send(np.zeros(1), 0, TAG_END)
+
+    def marker(self) -> None:
+        """Everything this client reported so far precedes the coming checkpoint."""
+        self.mcomm.Send(np.zeros(1), 0, TAG_CKPT)

@@ -297,14 +297,17 @@ class ReplayMemory:
         """Returns the whole memory as arrays (for an HDF5 checkpoint).
 
         The big arrays are read-only views of the live storage, not copies (a copy of a 7 GB
-        frame ring would double the memory): write them out before the next `add`.
+        frame ring would double the memory): write them out before the next `add`. Before the
+        ring first wraps, only the written prefix is returned (a 1 M capacity memory that holds
+        5,000 transitions checkpoints 5,000 slots, not 7 GB).
         """
+        used = min(self._num_slots_written, self._num_slots)
         state = {
             "frames": self._frames, "actions": self._actions, "rewards": self._rewards,
             "terminals": self._terminals, "pos": self._pos,
             "transition_ids": self._transition_ids,
         }
-        state = {k: _read_only_view(v) for k, v in state.items()}
+        state = {k: _read_only_view(v[:used]) for k, v in state.items()}
         state.update(
             capacity=np.asarray(self._capacity, np.int64),
             stack=np.asarray(self._stack, np.int64),
@@ -322,12 +325,15 @@ class ReplayMemory:
             raise ValueError(
                 f"state has capacity {int(state['capacity'])}, stack {int(state['stack'])}; "
                 f"this memory has {self._capacity}, {self._stack}")
+        used = min(int(state["num_slots_written"]), self._num_slots)
         for name in ("frames", "actions", "rewards", "terminals", "pos", "transition_ids"):
             target = getattr(self, "_" + name)
             source = np.asarray(state[name])
-            if source.shape != target.shape:
-                raise ValueError(f"state[{name!r}] shape {source.shape}, want {target.shape}")
-            np.copyto(target, source, casting="same_kind")
+            if source.shape != (used,) + target.shape[1:]:
+                raise ValueError(f"state[{name!r}] shape {source.shape}, want "
+                                 f"{(used,) + target.shape[1:]}")
+            np.copyto(target[:used], source, casting="same_kind")
+            target[used:] = -1 if name in ("pos", "transition_ids") else 0
         self._head = int(state["head"])
         self._num_slots_written = int(state["num_slots_written"])
         self._num_added = int(state["num_added"])

@@ -17,7 +17,10 @@ Protocol on a dedicated communicator (two-sided messages; a replay rank answers 
 * learner -> replay: ``REQUEST`` int64 ``[batch_size]``; reply ``BATCH`` int64 ``[B]`` (0 = not
   filled yet), then if B > 0 ``BATCH_S_TM1``, ``BATCH_S_T`` frames and ``BATCH_META`` float64
   ``[B, 3]`` (a_tm1, r_t, discount_t).
-* actors and learners send ``END`` once; a replay rank stops when all have.
+* actors and learners send ``END`` once; a replay rank stops when all have (tests, benches).
+* coordinated checkpoints (:mod:`hpcrl.coord`): actors and learners send ``MARKER`` to every
+  replay rank once everything before the checkpoint was sent (actors ship partial chunks first);
+  a replay rank writes its memories when it has every peer's marker.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.replay import ReplayMemory
+from hpcrl.replay import ReplayMemory, generator_state_from_array, generator_state_to_array
 from hpcrl.types import Transition
 
-CHUNK, CHUNK_FRAMES, CHUNK_META, REQUEST, BATCH, BATCH_S_TM1, BATCH_S_T, BATCH_META, END = \
-    range(21, 30)
+CHUNK, CHUNK_FRAMES, CHUNK_META, REQUEST, BATCH, BATCH_S_TM1, BATCH_S_T, BATCH_META, END, \
+    MARKER = range(21, 31)
 CHUNK_STEPS = 64  # agent steps per shipped chunk
 
 
@@ -74,6 +77,14 @@ class ChunkSender:
         for r in self.replay_ranks:
             self.comm.Send(np.zeros(1, np.int64), r, END)
 
+    def marker(self) -> None:
+        """Ship what is buffered, then tell every replay rank that nothing else precedes the
+        checkpoint."""
+        for i in list(self.rows):
+            self._ship(i)
+        for r in self.replay_ranks:
+            self.comm.Send(np.zeros(1, np.int64), r, MARKER)
+
 
 class BatchClient:
     """A learner's handle on global replay: minibatches from a random replay rank."""
@@ -107,6 +118,10 @@ class BatchClient:
     def close(self) -> None:
         for r in self.replay_ranks:
             self.comm.Send(np.zeros(1, np.int64), r, END)
+
+    def marker(self) -> None:
+        for r in self.replay_ranks:
+            self.comm.Send(np.zeros(1, np.int64), r, MARKER)
 
 
 class ReplayServer:
@@ -166,9 +181,33 @@ class ReplayServer:
         self.comm.Send(np.ascontiguousarray(batch.s_t), src, BATCH_S_T)
         self.comm.Send(meta, src, BATCH_META)
 
-    def serve(self, idle_sleep_s: float = 1e-3) -> None:
+    def get_state(self, with_memories: bool = True) -> dict:
+        state = {"rng": generator_state_to_array(self.rng)}
+        if with_memories:
+            for (src, env), memory in self.memories.items():
+                state.update({f"mem/{src}_{env}/{k}": v for k, v in memory.get_state().items()})
+        return state
+
+    def set_state(self, state: dict) -> None:
+        generator_state_from_array(self.rng, state["rng"])
+        keys = sorted({k.split("/")[1] for k in state if k.startswith("mem/")})
+        for key in keys:
+            src, env = (int(x) for x in key.split("_"))
+            prefix = f"mem/{key}/"
+            self._memory(src, env).set_state(
+                {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+    def serve(self, idle_sleep_s: float = 1e-3, coord=None, save_replay: bool = True) -> int:
+        """Answer actors and learners until all sent END, or until a coordinated checkpoint
+        says stop (returns its stop code)."""
         status = MPI.Status()
+        markers = 0
         while self.ended < self.n_peers:
+            if coord is not None and markers == self.n_peers:
+                markers = 0
+                stop = coord.write(lambda: self.get_state(save_replay))
+                if stop:
+                    return stop
             if not self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
                 time.sleep(idle_sleep_s)
                 continue
@@ -177,8 +216,12 @@ class ReplayServer:
                 self._take_chunk(src)
             elif tag == REQUEST:
                 self._answer(src)
-            elif tag == END:
-                self.comm.Recv(np.zeros(1, np.int64), src, END)
-                self.ended += 1
+            elif tag in (END, MARKER):
+                self.comm.Recv(np.zeros(1, np.int64), src, tag)
+                if tag == END:
+                    self.ended += 1
+                else:
+                    markers += 1
             else:
                 raise RuntimeError(f"replay rank got unexpected message tag {tag} from {src}")
+        return 0

@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true",
                    help="print the rank table for --world-size and exit, without MPI")
     p.add_argument("--world-size", type=int, default=None, help="world size for --dry-run")
+    p.add_argument("--force-new", action="store_true",
+                   help="the run directory holds a different run: move it aside, start anew")
     return p.parse_args(argv)
 
 
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from hpcrl.program import run
 
-        return run(comm, cfg, layout)
+        return run(comm, cfg, layout, force_new=args.force_new)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort the whole job
         if isinstance(exc, SystemExit) and not exc.code:
             raise

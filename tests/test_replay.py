@@ -300,3 +300,18 @@ def test_generator_state_round_trip():
     other = np.random.default_rng(0)
     generator_state_from_array(other, saved)
     np.testing.assert_array_equal(other.integers(0, 1 << 62, 5), expected)
+
+
+def test_state_of_a_partly_filled_memory_holds_only_the_written_prefix():
+    memory = ReplayMemory(1000, (2,), np.float32, 2, seed=1)
+    memory.add_first(np.zeros(2, np.float32))
+    for t in range(1, 6):
+        memory.add(t % 2, float(t), t == 5, np.full(2, t, np.float32))
+    state = memory.get_state()
+    assert state["frames"].shape == (6, 2) and state["pos"].shape == (6,)
+    other = ReplayMemory(1000, (2,), np.float32, 2, seed=99)
+    other.set_state({k: np.array(v) for k, v in state.items()})
+    a, b = memory.sample(16), other.sample(16)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert other.size == memory.size == 5

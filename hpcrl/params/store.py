@@ -50,9 +50,15 @@ from mpi4py import MPI
 from hpcrl.optim import ShardOptimizer
 from hpcrl.topology import shard_ranges
 
-# Header words (int64) of every shard; only those of shard 0 hold the global counters.
+# Header words (int64) of every shard; only those of shard 0 hold the global counters and the
+# checkpoint coordination words (hpcrl.coord). Word 15 is free for benchmarks.
 V, S, TV, TS, APPLIED, STALE, NONFINITE, DONE, TARGET_REQ, STOP, FRAMES, STEPS, EPISODES = range(13)
-HDR_WORDS = 16
+CKPT_REQ, CKPT_STOP, BENCH_WORD, CKPT_READY = 13, 14, 15, 16
+HDR_WORDS = 24
+#: Words saved in checkpoints (per shard; the global ones matter on shard 0 only).
+SAVED_WORDS = {"V": V, "TV": TV, "applied": APPLIED, "dropped_stale": STALE,
+               "dropped_nonfinite": NONFINITE, "target_requests": TARGET_REQ, "frames": FRAMES,
+               "steps": STEPS, "episodes": EPISODES}
 
 _NO_OP_ORIGIN = np.zeros(1, np.int64)
 
@@ -289,9 +295,9 @@ class ShardServer:
         self._flags = np.zeros(store.spec.n_clients, np.int64)
         self._ncl = store.spec.n_clients
         self._zeros = np.zeros(self._ncl, np.int64)
-        self.version = 0
-        self.target_version = 0
-        self.targets_served = 0
+        self.version = int(store.hdr[V])                  # non-zero after a resume
+        self.target_version = int(store.hdr[TV])
+        self.targets_served = int(store.hdr[TARGET_REQ])
 
     def _set(self, word: int, value: int) -> None:
         self.store._atomic(self.store.shard, word, value, MPI.REPLACE)
@@ -359,10 +365,14 @@ class ShardServer:
         return (st.read_word(st.shard, STOP) > 0
                 or st.read_word(st.shard, DONE) >= st.spec.n_clients)
 
-    def serve(self, idle_sleep_s: float = 2e-3, on_tick=None, tick_s: float = 0.02) -> None:
-        """Run until every client called ``done()`` (or someone called ``stop_all()``).
+    def serve(self, idle_sleep_s: float = 2e-3, on_tick=None, tick_s: float = 0.02,
+              coord=None, before_write=None) -> int:
+        """Serve until every client called ``done()`` (no ``coord``), or until a coordinated
+        checkpoint says stop. Returns the stop code (0 without ``coord``).
 
-        ``on_tick`` (rank 0's metrics gathering) runs at most every ``tick_s`` seconds, busy or not.
+        ``on_tick`` (rank 0's metrics gathering) runs at most every ``tick_s`` seconds, busy or
+        not. With a coordinator, a due checkpoint keeps this loop applying gradients until every
+        client is ready, then runs ``before_write`` and writes this shard's state.
         """
         last_tick = 0.0
         while True:
@@ -370,18 +380,51 @@ class ShardServer:
             if on_tick is not None and time.monotonic() - last_tick >= tick_s:
                 on_tick()
                 last_tick = time.monotonic()
+            if coord is not None and coord.due():
+                while not coord.all_clients_ready():
+                    if not self.poll():
+                        time.sleep(idle_sleep_s / 4)
+                self.poll()
+                if before_write is not None:
+                    before_write()
+                stop = coord.write(self.get_state)
+                if stop:
+                    return stop
+                continue
             if taken:
                 continue
-            if self.finished():
+            if coord is None and self.finished():
                 self.poll()                                 # drain what raced with DONE
-                return
+                return 0
             time.sleep(idle_sleep_s)
 
     # ------------------------------------------------------------------ state (checkpoints)
     def get_state(self) -> dict[str, np.ndarray]:
-        par = self.store.par
+        """This shard's parameters, target, optimiser state and counters (a quiescent ps)."""
+        par, hdr = self.store.par, self.store.hdr
         state = {f"opt/{k}": v for k, v in self.opt.get_state().items()}
         state.update(params=par[self.version % 2].copy(),
-                     target=par[2 + self.target_version % 2].copy(),
-                     version=np.int64(self.version), target_version=np.int64(self.target_version))
+                     target=par[2 + self.target_version % 2].copy())
+        state.update({f"hdr/{name}": np.int64(hdr[w]) for name, w in SAVED_WORDS.items()})
         return state
+
+
+def load_shard_state(store: ParameterStore, opt: ShardOptimizer, state: dict) -> None:
+    """Put a checkpointed shard back into this ps rank's window, before ``initialize``.
+
+    Raises:
+        ValueError: the checkpoint's shard does not have this shard's size.
+    """
+    n = store.sizes[store.shard]
+    if np.shape(state["params"]) != (n,) or np.shape(state["target"]) != (n,):
+        raise ValueError(f"checkpoint shard has {np.shape(state['params'])} parameters, this "
+                         f"shard has {n}: the network or the number of ps ranks differs")
+    v, tv = int(state["hdr/V"]), int(state["hdr/TV"])
+    store.par[v % 2] = state["params"]
+    store.par[2 + tv % 2] = state["target"]
+    for name, word in SAVED_WORDS.items():
+        store.hdr[word] = int(state[f"hdr/{name}"])
+    store.hdr[S], store.hdr[TS] = v, tv
+    opt.set_state({k[4:]: v for k, v in state.items() if k.startswith("opt/")})
+    store.win_par.Sync()
+    store.win_hdr.Sync()
