@@ -32,6 +32,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from hpcrl import checkpoint as ck
+from hpcrl import watchdog
 from hpcrl.params.store import CKPT_READY, CKPT_REQ, CKPT_STOP, FRAMES, ParameterStore
 
 STOP_BUDGET, STOP_SIGNAL = 1, 2
@@ -71,7 +72,9 @@ class Coordinator:
         self.store._atomic(0, CKPT_REQ, self.gen_done + 1, MPI.MAX)
 
     def due(self) -> bool:
-        """Cheap poll (one atomic read): must this rank enter a checkpoint now?"""
+        """Cheap poll (one atomic read): must this rank enter a checkpoint now? Every role's
+        loop calls this once per iteration, so it also feeds the watchdog."""
+        watchdog.beat()
         if self._extra_requested:
             self._extra_requested = False
             self.request()
@@ -89,6 +92,7 @@ class Coordinator:
         self.store._atomic(0, CKPT_READY, 1, MPI.SUM)
 
     def all_clients_ready(self) -> bool:
+        watchdog.beat()
         return self.store.read_word(0, CKPT_READY) >= self.store.spec.n_clients
 
     def write(self, state_fn) -> int:
@@ -96,6 +100,7 @@ class Coordinator:
         (0 = carry on)."""
         gen = self.gen_done + 1
         t0 = time.monotonic()
+        watchdog.beat()
         try:
             entry, error = ck.write_state(ck.rank_file(self.root, gen, self.rank), state_fn()), None
         except OSError as exc:                      # disk full, quota, unwritable: keep going
@@ -105,6 +110,7 @@ class Coordinator:
         if self.rank == 0:
             stop = self._finish(gen, entries, t0)
         stop = self.comm.bcast(stop, root=0)
+        watchdog.beat()
         self.gen_done = gen
         self.stop_code = stop
         return stop

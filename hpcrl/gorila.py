@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from hpcrl import watchdog
 from hpcrl.config import Config
 from hpcrl.envs import make_env
 from hpcrl.losses import dqn_loss, q_learning_td
@@ -103,6 +104,7 @@ def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Genera
     env = make_env(cfg.game, 1, seed, **env_kwargs(cfg, training=False))
     obs, results = env.reset(), []
     while len(results) < cfg.eval_episodes:
+        watchdog.beat()
         with torch.no_grad():
             q = net(torch.from_numpy(obs)).numpy()
         res = env.step(np.asarray(epsilon_greedy(q, cfg.eval_epsilon, rng)))

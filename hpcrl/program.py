@@ -354,8 +354,13 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, force_new: bool = False) ->
                         info=info)
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
                   manifest["frames"] if manifest else None, opt)
-    if os.environ.get("HPCRL_FAULT_RANK") == str(rank):   # failure-injection hook for tests
+    from hpcrl import watchdog
+
+    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))
+    if os.environ.get("HPCRL_FAULT_RANK") == str(rank):   # failure-injection hooks for tests
         raise RuntimeError(f"injected fault on rank {rank}")
+    if os.environ.get("HPCRL_HANG_RANK") == str(rank):
+        time.sleep(1e9)
     role_main(ctx, role)()
     store.free()
     for c in (role_comm, mcomm, rcomm):

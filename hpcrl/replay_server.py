@@ -30,6 +30,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hpcrl import watchdog
 from hpcrl.replay import ReplayMemory, generator_state_from_array, generator_state_to_array
 from hpcrl.types import Transition
 
@@ -203,6 +204,7 @@ class ReplayServer:
         status = MPI.Status()
         markers = 0
         while self.ended < self.n_peers:
+            watchdog.beat()
             if coord is not None and markers == self.n_peers:
                 markers = 0
                 stop = coord.write(lambda: self.get_state(save_replay))

@@ -78,3 +78,16 @@ def test_exception_on_any_rank_aborts_the_job(fault_rank, role, tmp_path):
     assert f"hpcrl: rank {fault_rank} ({role}) on host" in proc.stderr
     assert f"RuntimeError: injected fault on rank {fault_rank}" in proc.stderr
     assert wall < 60
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hang_rank, role", [(0, "ps"), (3, "actor-learner")])
+def test_watchdog_reports_a_hung_rank_and_ends_the_job(hang_rank, role, tmp_path):
+    proc, wall = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                             "--set", f"run_dir={tmp_path}/r", "--set", "watchdog_s=4"],
+                         env={"HPCRL_HANG_RANK": str(hang_rank)}, timeout=90)
+    assert proc.returncode != 0
+    first = [line for line in proc.stderr.splitlines() if "hpcrl: watchdog:" in line][0]
+    assert f"rank {hang_rank} ({role})" in first and "made no progress" in first
+    assert "time.sleep(1e9)" in proc.stderr            # where it is stuck
+    assert wall < 4 + 30
