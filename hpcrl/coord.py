@@ -102,6 +102,8 @@ class Coordinator:
         t0 = time.monotonic()
         watchdog.beat()
         try:
+            if os.environ.get("HPCRL_CKPT_FAIL_RANK") == str(self.rank):   # test hook
+                raise OSError(28, "No space left on device (injected)")
             entry, error = ck.write_state(ck.rank_file(self.root, gen, self.rank), state_fn()), None
         except OSError as exc:                      # disk full, quota, unwritable: keep going
             entry, error = None, f"rank {self.rank}: {exc.strerror or exc}"

@@ -117,15 +117,22 @@ def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False) -> Pat
                 if mismatch:
                     os.replace(run_dir, run_dir.with_name(f"{run_dir.name}.old-{int(time.time())}"))
                 run_dir.mkdir(parents=True, exist_ok=True)
-                tmp = run_dir / "config.toml.tmp"
-                tmp.write_text(to_toml(cfg))
-                os.replace(tmp, run_dir / "config.toml")
+                probe = run_dir / ".hpcrl-write-probe"
+                probe.write_text("")
+                probe.unlink()
         except OSError as exc:
             error = f"run directory {run_dir} is not usable: {exc.strerror or exc}"
     error = comm.bcast(error, root=0)
     if error:
         raise ConfigError(error)
     return run_dir
+
+
+def write_config(run_dir: Path, cfg: Config) -> None:
+    """The resolved config, once the run is known to start or resume here (rank 0)."""
+    tmp = run_dir / "config.toml.tmp"
+    tmp.write_text(to_toml(cfg))
+    os.replace(tmp, run_dir / "config.toml")
 
 
 def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
@@ -135,8 +142,13 @@ def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
 
     found, error = None, None
     if comm.Get_rank() == 0:
-        found = ck.latest_complete(run_dir / "checkpoints",
-                                   warn=lambda m: print(m, flush=True))
+        root = run_dir / "checkpoints"
+        found = ck.latest_complete(root, warn=lambda m: print(m, flush=True))
+        damaged = [g for g in ck.generations(root) if (ck.gen_dir(root, g) / ck.MANIFEST).exists()]
+        if found is None and damaged:
+            error = (f"no usable checkpoint in {root}: every complete generation "
+                     f"({', '.join(map(str, damaged))}) is damaged (see the warnings above); "
+                     "move that directory aside to start this run over")
         if found is not None:
             gen, manifest = found
             roles = [r.value for r in layout.roles]
@@ -173,6 +185,11 @@ class Reporter:
                      hpcrl_version=__version__)
         path = run_dir / "metrics.h5"
         resume = resume_frames is not None and path.exists()
+        if path.exists() and not resume:                 # a start that never checkpointed
+            old = run_dir / f"metrics.old-{int(time.time())}.h5"
+            os.replace(path, old)
+            print(f"hpcrl: warning: {run_dir} has metrics but no checkpoint; starting over, the "
+                  f"old metrics are kept as {old.name}", flush=True)
         self.writer = MetricsWriter(path, attrs, resume=resume)
         if resume:
             self.writer.rollback(resume_frames)   # rows after the checkpoint happen again
@@ -332,6 +349,8 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, force_new: bool = False) ->
         theta0 = ParamLayout.from_module(net).to_flat(net)
     n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
     found = find_resume(comm, run_dir, layout, n_params)
+    if rank == 0:
+        write_config(run_dir, cfg)
     gen, manifest = found if found else (0, None)
     state = ck.read_state(ck.rank_file(run_dir / "checkpoints", gen, rank)) if found else None
     if rank == 0 and found:

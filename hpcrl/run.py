@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         from hpcrl.program import run
 
         return run(comm, cfg, layout, force_new=args.force_new)
+    except ConfigError as exc:      # raised identically on every rank (decided by rank 0)
+        return _error(str(exc), rank)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort the whole job
         if isinstance(exc, SystemExit) and not exc.code:
             raise
