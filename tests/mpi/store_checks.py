@@ -67,7 +67,7 @@ def check_exact_sums(n_ps: int) -> None:
         expected = 7.0 - k * ncl * (ncl + 1) / 2
         assert np.all(theta == expected), (theta[:3], expected)
         c = store.counters()
-        assert c["applied"] == k * ncl * n_ps, c
+        assert c["applied"] == k * ncl and c["applied_per_shard"] == [k * ncl] * n_ps, c
         assert c["dropped_stale"] == 0 and c["dropped_nonfinite"] == 0, c
     finish(store, "exact_sums")
 
@@ -127,7 +127,8 @@ def check_staleness(n_ps: int) -> None:
                 store.push(np.ones(n, np.float32), versions, 1.0)
                 store.wait_consumed()
             c = store.counters()
-            assert c["applied"] == 3 * n_ps and c["dropped_stale"] == 3 * n_ps, c
+            assert c["applied"] == 3 and c["dropped_stale"] == 3, c
+            assert c["dropped_stale_per_shard"] == [3] * n_ps, c
             store.pull(theta)
             assert np.all(theta == -3.0), theta[:3]
             nan = np.ones(n, np.float32)
@@ -135,7 +136,8 @@ def check_staleness(n_ps: int) -> None:
             store.push(nan, store.pull(theta), 1.0)
             store.wait_consumed()
             c = store.counters()
-            assert c["dropped_nonfinite"] == n_ps and c["applied"] == 3 * n_ps, c
+            assert c["dropped_nonfinite"] == 1 and c["applied"] == 3, c
+            assert c["dropped_nonfinite_per_shard"] == [1] * n_ps, c
             store.pull(theta)
             assert np.all(theta == -3.0), "a NaN gradient must never be applied"
         store.done()

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=a3c57
+#SBATCH --array=0-56
+#SBATCH --ntasks=20
+#SBATCH --nodes=1
+#SBATCH --cpus-per-task=1
+#SBATCH --time=2-00:00:00
+#SBATCH --signal=B:USR1@900
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=%x_%A_%a.out
+#
+# A3C feed-forward (Mnih et al. 2016) on the 57 games of the A3C paper: one SLURM array task per
+# game, each 20 MPI ranks on one node = 16 actor-learners (the paper's 16 CPU threads) + 4
+# parameter-server ranks (derived from the world size), configs/a3c_pong.toml with the game
+# overridden. Submit from the repository root:
+#
+#   sbatch slurm/a3c_57games.sh                                     # all 57 games
+#   sbatch --array=36 slurm/a3c_57games.sh --set lstm=true          # pong, A3C LSTM
+#
+# Arguments after the script name go to `python -m hpcrl.run` (after the script's own --set
+# game/seed/run_dir, so they win). The array index picks the game from the alphabetically
+# sorted set (not the Gorila order):
+#   python -m hpcrl.games --set a3c57 --index $SLURM_ARRAY_TASK_ID      (0 = alien, 36 = pong)
+# Results: $HPCRL_RESULTS/a3c/<game>/seed-<seed> (default results/...), independent of the job id
+# so that a requeued task resumes its run. Log: <job-name>_<array job id>_<index>.out, appended
+# to across requeues.
+#
+# Resources: every #SBATCH line above is overridden by the same sbatch flag on the command line
+# (--ntasks, --nodes, --time, --array, --signal ...), partition / account / time limit also by
+# SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT. Another actor-learner count: --ntasks=N
+# (check the layout with HPCRL_DRY_RUN=1 HPCRL_TASK_ID=0 HPCRL_NTASKS=N bash slurm/a3c_57games.sh).
+# More tasks than cores: add --overcommit. The signal comes 900 s before the time limit.
+#
+# Script settings (environment, see slurm/common.sh for all): HPCRL_CONFIG (default
+# configs/a3c_pong.toml), HPCRL_SEED (0), HPCRL_RESULTS (results), HPCRL_PYTHON (.venv/bin/python
+# of the repo), HPCRL_LAUNCHER (mpiexec: the mpich wheel's, | srun: cluster MPI via
+# srun --mpi=pmi2), HPCRL_ROOT (default: the submit directory), HPCRL_DRY_RUN=1 with
+# HPCRL_TASK_ID=N to print task N's game, layout and command without running anything.
+#
+# Exit status: hpcrl.run's (2 config/layout, 1 failure); 85 (checkpoint written on SIGUSR1 /
+# SIGTERM) makes the script run `scontrol requeue $SLURM_JOB_ID` and exit 0.
+set -uo pipefail
+
+HPCRL_GAME_SET=a3c57
+HPCRL_DEFAULT_CONFIG=configs/a3c_pong.toml
+HPCRL_DEFAULT_NTASKS=20    # keep equal to the --ntasks line above (used by dry runs only)
+
+_hpcrl_root() {
+    local job_cmd="" d
+    if [ -n "${HPCRL_ROOT:-}" ]; then
+        d=$HPCRL_ROOT
+        [ -f "$d/slurm/common.sh" ] || { echo "error: HPCRL_ROOT=$d has no slurm/common.sh" >&2; return 1; }
+        (cd "$d" && pwd); return
+    fi
+    # sbatch runs a copy of this script from its spool directory: find the repository through
+    # the submit directory or the job's original command path.
+    if [ -n "${SLURM_JOB_ID:-}" ]; then
+        job_cmd=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.* Command=\([^ ]*\).*/\1/p')
+    fi
+    for d in "${SLURM_SUBMIT_DIR:-}" "${job_cmd:+$(dirname "$job_cmd")/..}" "$(dirname "${BASH_SOURCE[0]}")/.."; do
+        if [ -n "$d" ] && [ -f "$d/slurm/common.sh" ]; then (cd "$d" && pwd); return; fi
+    done
+    echo "error: cannot find the hpcrl repository (slurm/common.sh); submit from its root or set HPCRL_ROOT" >&2
+    return 1
+}
+HPCRL_ROOT=$(_hpcrl_root) || exit 2
+# shellcheck source=slurm/common.sh
+. "$HPCRL_ROOT/slurm/common.sh"
+hpcrl_array_main "$@"
