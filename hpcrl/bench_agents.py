@@ -6,6 +6,10 @@ alternating blocks so that machine noise hits both alike:
 * actor: agent steps/s of a Gorila actor on Pong (epsilon-greedy forward, env step, replay add,
   parameter pulls from a real RMA store every ``actor_sync_every`` steps) against
   ``bound_steps_per_s = 1 / (env step + batch-1 forward)``.
+* scaling: A3C (or another asynchronous method) on Pong with 1 and with 2 actor-learners
+  (plus one ps rank each) for a fixed wall time each, frames/s from the jobs' own metrics,
+  ``speedup`` = frames/s(2) / frames/s(1); and one actor-learner's agent steps/s against
+  1 / (env step + forward + backward of a 5-step rollout / 5), measured in the bench process.
 * learner: Gorila learner updates/s (parameter pull, replay sample, DQN gradient, gradient push)
   against a pure torch loop (sample a batch from an in-memory array, forward, target forward,
   backward). The store lives on this one rank (COMM_SELF); the ps's apply runs on another rank
@@ -157,6 +161,87 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
             "bytes_per_transition": replay84.bytes_per_transition}
 
 
+def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_dir) -> dict:
+    """Run the algorithm's Pong config with 1 ps + ``n_workers`` actor-learners; frames/s over
+    the window after ``warmup`` seconds, from the job's own metrics (train rows)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hpcrl.metrics import read_metrics
+
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(n_workers + 1),
+           sys.executable, "-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
+           "--set", "n_ps=1", "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
+           "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
+           "--set", "checkpoint_replay=false"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(warmup + seconds + 5)                  # + start-up
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=120)
+    train = read_metrics(Path(run_dir) / "metrics.h5")["train"]
+    t, f = train["wall_time"], train["frames"]
+    start = np.searchsorted(t, t[-1] - seconds)      # the last `seconds` of the run
+    return {"frames_per_s": float((f[-1] - f[start]) / max(t[-1] - t[start], 1e-9)),
+            "window_s": float(t[-1] - t[start])}
+
+
+def _a3c_bound(steps: int, t_max: int = 5) -> float:
+    """1 / (env step + batch-1 forward + backward of a t_max rollout / t_max), in agent steps/s."""
+    import torch
+
+    from hpcrl.config import load_config
+    from hpcrl.envs import make_env
+    from hpcrl.losses import a3c_loss
+    from hpcrl.program import build_network, env_kwargs
+
+    torch.set_num_threads(1)
+    cfg = load_config("configs/a3c_pong.toml")
+    env = make_env(cfg.game, 1, 0, **env_kwargs(cfg, training=True))
+    net = build_network(cfg, env.obs_shape, env.num_actions)
+    rng = np.random.default_rng(0)
+    obs = env.reset()
+    t_env = 1 / _rate(lambda: env.step(rng.integers(env.num_actions, size=1)), steps)
+
+    def forward():
+        with torch.no_grad():
+            net(torch.from_numpy(obs))
+
+    t_fwd = 1 / _rate(forward, steps)
+    batch = torch.from_numpy(np.repeat(obs, t_max, axis=0))
+    actions = torch.zeros(t_max, dtype=torch.int64)
+
+    def backward():
+        logits, values, _ = net(batch)
+        loss = a3c_loss(logits, values, actions, torch.zeros(t_max))["total"]
+        net.zero_grad()
+        loss.backward()
+
+    t_bwd = 1 / _rate(backward, max(steps // t_max, 10))
+    env.close()
+    return 1.0 / (t_env + t_fwd + t_bwd / t_max)
+
+
+def bench_scaling(algo: str, seconds: float, warmup: float) -> dict:
+    """frames/s with 1 and 2 actor-learners (plus one ps each), same config, one after the other."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one = _measure_job(algo, 1, seconds, warmup, f"{tmp}/one")
+        two = _measure_job(algo, 2, seconds, warmup, f"{tmp}/two")
+    bound = _a3c_bound(300)
+    steps_one = one["frames_per_s"] / 4                # Pong: 4 frames per agent step
+    return {"bench": "scaling", "algo": algo, "seconds": seconds,
+            "frames_per_s_1": one["frames_per_s"], "frames_per_s_2": two["frames_per_s"],
+            "speedup": two["frames_per_s"] / one["frames_per_s"],
+            "actor_learner_steps_per_s": steps_one, "bound_steps_per_s": bound,
+            "fraction": steps_one / bound}
+
+
 def main(what: str, argv: list[str]) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m hpcrl.bench {what}")
     p.add_argument("--game", default="pong")
@@ -164,7 +249,12 @@ def main(what: str, argv: list[str]) -> dict:
     p.add_argument("--updates", type=int, default=20, help="learner: updates per block")
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--fill", type=int, default=5000, help="learner: replay transitions")
+    p.add_argument("--algo", default="a3c", help="scaling: algorithm (its <algo>_pong config)")
+    p.add_argument("--seconds", type=float, default=60.0, help="scaling: measured window")
+    p.add_argument("--warmup", type=float, default=15.0, help="scaling: seconds skipped")
     args = p.parse_args(argv)
+    if what == "scaling":
+        return bench_scaling(args.algo, args.seconds, args.warmup)
     if what == "actor":
         return bench_actor(args.game, args.steps, args.blocks)
     if what == "learner":

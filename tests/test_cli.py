@@ -91,3 +91,19 @@ def test_watchdog_reports_a_hung_rank_and_ends_the_job(hang_rank, role, tmp_path
     assert f"rank {hang_rank} ({role})" in first and "made no progress" in first
     assert "time.sleep(1e9)" in proc.stderr            # where it is stuck
     assert wall < 4 + 30
+
+
+@pytest.mark.parametrize("what, args, keys", [
+    ("actor", ["--steps", "20", "--blocks", "1"],
+     ("bound_steps_per_s", "actor_steps_per_s", "fraction", "fraction_sync1")),
+    ("learner", ["--updates", "3", "--blocks", "1", "--fill", "600"],
+     ("learner_updates_per_s", "torch_updates_per_s", "fraction", "bytes_per_transition")),
+])
+def test_bench_actor_and_learner_print_json(what, args, keys):
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.bench", what, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == what and all(result[k] > 0 for k in keys)
+    if what == "learner":
+        assert result["bytes_per_transition"] < 7300      # 84x84 frames stored once
