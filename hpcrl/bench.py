@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     sub.add_parser("learner", help="Gorila learner vs a pure torch loop", add_help=False)
     sub.add_parser("scaling", help="A3C frames/s with 1 and 2 actor-learners", add_help=False)
+    sub.add_parser("checkpoint", help="one bundle's checkpoint write/read, Pong replay",
+                   add_help=False)
     args, rest = p.parse_known_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.what == "ps":

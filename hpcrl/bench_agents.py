@@ -242,6 +242,47 @@ def bench_scaling(algo: str, seconds: float, warmup: float) -> dict:
             "fraction": steps_one / bound}
 
 
+def bench_checkpoint(transitions: int, out_dir: str | None) -> dict:
+    """Write and read back one Gorila bundle's checkpoint file for Pong: a replay memory holding
+    ``transitions`` 84x84 transitions (random frames: incompressible, as real ones are to us) and
+    a Nature-DQN-sized shard with AdaGrad state. Extrapolates the write to 1 M transitions."""
+    import tempfile
+    from pathlib import Path
+
+    from hpcrl import checkpoint as ck
+    from hpcrl.replay import ReplayMemory
+
+    rng = np.random.default_rng(0)
+    replay = ReplayMemory(transitions, (84, 84), np.uint8, 4, 0)
+    chunk = 10_000
+    for start in range(0, transitions, chunk):
+        n = min(chunk, transitions - start)
+        firsts = np.zeros(n, bool)
+        firsts[::1000] = True
+        replay.add_batch(rng.integers(0, 256, (n, 84, 84), np.uint8), rng.integers(0, 6, n),
+                         rng.normal(size=n).astype(np.float32), np.zeros(n, bool), firsts)
+    n_params = 1_687_206
+    state = {**{f"replay0/{k}": v for k, v in replay.get_state().items()},
+             "params": rng.normal(size=n_params).astype(np.float32),
+             "target": rng.normal(size=n_params).astype(np.float32),
+             "opt/G": rng.random(n_params).astype(np.float32)}
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        path = Path(tmp) / "rank-00001.h5"
+        t0 = time.perf_counter()
+        entry = ck.write_state(path, state)           # tmp, flush, fsync, rename, fsync dir
+        write_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ck.read_state(path)
+        read_s = time.perf_counter() - t0
+    nbytes = entry["bytes"]
+    per_transition = (nbytes - 3 * n_params * 4) / transitions
+    bytes_1m = per_transition * 1_000_000 + 3 * n_params * 4
+    return {"bench": "checkpoint", "transitions": transitions, "file_bytes": nbytes,
+            "write_s": write_s, "read_s": read_s, "write_mb_per_s": nbytes / write_s / 1e6,
+            "bytes_per_transition_on_disk": per_transition, "bytes_1m_transitions": bytes_1m,
+            "write_s_1m_transitions_estimate": bytes_1m / (nbytes / write_s)}
+
+
 def main(what: str, argv: list[str]) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m hpcrl.bench {what}")
     p.add_argument("--game", default="pong")
@@ -252,7 +293,11 @@ def main(what: str, argv: list[str]) -> dict:
     p.add_argument("--algo", default="a3c", help="scaling: algorithm (its <algo>_pong config)")
     p.add_argument("--seconds", type=float, default=60.0, help="scaling: measured window")
     p.add_argument("--warmup", type=float, default=15.0, help="scaling: seconds skipped")
+    p.add_argument("--transitions", type=int, default=100_000, help="checkpoint: replay size")
+    p.add_argument("--dir", default=None, help="checkpoint: where to write (default: tmp)")
     args = p.parse_args(argv)
+    if what == "checkpoint":
+        return bench_checkpoint(args.transitions, args.dir)
     if what == "scaling":
         return bench_scaling(args.algo, args.seconds, args.warmup)
     if what == "actor":

@@ -46,6 +46,24 @@ def test_pong_smoke_writes_metrics(tmp_path):
         assert col in train
     assert train["frames"][-1] >= 20000
     assert (run_dir / "config.toml").exists()
+    # the analysis tool on this real run: training episodes (no eval yet), Pong's no-op pair
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "hpcrl.analyze", str(run_dir), "--format", "json",
+                          "--compare", "dqn_nature_noop"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["games"][0]
+    returns = m["episodes"]["return"][-30:]
+    expected_hns = (returns.mean() - (-20.7)) / (14.6 - (-20.7))   # Pong random -20.7, human 14.6
+    assert (row["game"], row["algo"], row["status"], row["score_source"]) == \
+        ("pong", "gorila", "finished", "train")
+    assert row["frames"] == [int(train["frames"][-1])]
+    assert row["score_mean"] == pytest.approx(returns.mean())
+    assert row["hns"] == pytest.approx(expected_hns)
+    assert row["published"] == {"dqn_nature_noop": 18.9}
 
 
 @pytest.mark.slow
