@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import shutil
 
 import pytest
 
@@ -30,12 +31,20 @@ def error_line(proc):
     return lines[0]
 
 
-@pytest.fixture
-def finished_run(tmp_path):
-    """A run that wrote checkpoint generations 1 (at 1500 frames) and 2 (at 3000)."""
+@pytest.fixture(scope="module")
+def _template_run(tmp_path_factory):
+    """A run that wrote checkpoint generations 1 (at 1500 frames) and 2 (at 3000); made once."""
+    base = tmp_path_factory.mktemp("template")
     for total in (1500, 3000):
-        proc, _ = run(tmp_path, f"total_frames={total}", "checkpoint_keep=5")
+        proc, _ = run(base, f"total_frames={total}", "checkpoint_keep=5")
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return base / "run"
+
+
+@pytest.fixture
+def finished_run(_template_run, tmp_path):
+    """A private copy of the template run at tmp_path/run (tests damage it)."""
+    shutil.copytree(_template_run, tmp_path / "run")
     return tmp_path / "run"
 
 
