@@ -104,8 +104,10 @@ running() { pgrep -x "$1" >/dev/null; }
 
 if ! running slurmctld; then
     slurmctld || die "slurmctld did not start; see /var/log/slurm/slurmctld.log"
-elif [ "$conf_changed" -eq 1 ]; then
-    scontrol reconfigure || die "scontrol reconfigure failed after rewriting $conf"
+elif [ "$conf_changed" -eq 1 ] && ! scontrol reconfigure; then
+    # Node changes need a daemon restart, not a reconfigure.
+    pkill -x slurmctld; pkill -x slurmd; sleep 2
+    slurmctld || die "slurmctld did not restart; see /var/log/slurm/slurmctld.log"
 fi
 if ! running slurmd; then
     slurmd || die "slurmd did not start; see /var/log/slurm/slurmd.log"
