@@ -37,6 +37,23 @@ from hpcrl.params.store import CKPT_READY, CKPT_REQ, CKPT_STOP, FRAMES, Paramete
 
 STOP_BUDGET, STOP_SIGNAL = 1, 2
 
+#: Time of a SIGUSR1/SIGTERM that arrived during start-up, before a Coordinator existed.
+_early_signal_time: float | None = None
+
+
+def install_early_handlers() -> None:
+    """Record a stop signal that arrives while the job starts (imports, MPI start-up, network
+    build, resume lookup: seconds to minutes). Without this, SLURM's warning in that window
+    would kill the ranks and the job would not be requeued; with it, the first coordinated
+    checkpoint is taken as soon as the loops run, and the job exits 85."""
+    def record(signum, frame):
+        global _early_signal_time
+        if _early_signal_time is None:
+            _early_signal_time = time.monotonic()
+
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, record)
+
 
 class Coordinator:
     """One rank's part in coordinated checkpoints (see the module docstring)."""
@@ -47,7 +64,7 @@ class Coordinator:
         self.rank = comm.Get_rank()
         self.gen_done, self.every_s, self.keep, self.info = gen_done, every_s, keep, info
         self.next_time = time.monotonic() + every_s if every_s > 0 else None
-        self.signal_time: float | None = None
+        self.signal_time: float | None = _early_signal_time
         self._signal_sent = False
         self.stop_code = 0
         self._extra_requested = False

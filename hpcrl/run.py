@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         return _error(str(exc), _env_rank())
     if cfg.async_progress:
         os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
+    from hpcrl.coord import install_early_handlers
+
+    install_early_handlers()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
