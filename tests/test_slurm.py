@@ -1,9 +1,8 @@
 """The SLURM array scripts (slurm/*.sh): static checks and dry runs always; a real job array on a
 single-node SLURM (scripts/slurm_local.sh, run by .ci/run) when sbatch, squeue and sinfo answer.
 
-Not tested here: the requeue path (SIGUSR1 -> checkpoint -> exit 85 -> scontrol requeue ->
-resume). It needs the run's checkpoint/resume and a job that waits out SLURM's requeue delay
-(about 2 minutes, reason BeginTime), too long for this file's budget.
+The requeue path (SIGUSR1 -> checkpoint -> exit 85 -> scontrol requeue -> resume) is tested in
+tests/test_slurm_requeue.py.
 """
 
 from __future__ import annotations
