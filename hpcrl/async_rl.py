@@ -473,7 +473,7 @@ def run_actor_learner(ctx: Context) -> None:
     else:
         policy = ActorCriticPolicy(net, n_env, rng)
     frames_per_step = env.frames_per_step * n_env
-    global_frames = 0
+    global_frames = store.read_word(0, FRAMES)              # > 0 after a resume
 
     def on_step(res: StepResult) -> None:
         nonlocal global_frames

@@ -152,7 +152,8 @@ class Actor:
         self.epsilon = LinearSchedule(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_frames)
         self.image = len(self.env.obs_shape) == 3
         self.frames_per_step = self.env.frames_per_step * self.env.num_envs
-        self.local_frames = self.steps = self.global_frames = 0
+        self.local_frames = self.steps = 0
+        self.global_frames = store.read_word(0, FRAMES)   # > 0 after a resume
         # Actors evaluate between training steps only when no evaluator ranks do it.
         self.next_eval = (cfg.eval_every_frames or None) if cfg.n_evaluators == 0 else None
         self.obs = self.env.reset()
@@ -302,9 +303,10 @@ def run_bundle(ctx: Context) -> None:
             if ctx.client_checkpoint(link, checkpoint_state):
                 break
             actor.sync()                      # parameters may have moved during the pause
-        if actor.step() >= cfg.total_frames:
-            ctx.coord.request(STOP_BUDGET)
+        if actor.global_frames >= cfg.total_frames:
+            ctx.coord.request(STOP_BUDGET)    # the final generation, then stop
             continue
+        actor.step()
         if actor.steps % cfg.update_every or min(r.size for r in replays) < min_fill:
             continue
         if learner.updates % cfg.learner_sync_every == 0:
@@ -335,8 +337,10 @@ def run_actor(ctx: Context) -> None:
             if ctx.client_checkpoint(link, lambda: _common_state(actor, None), sink.marker):
                 break
             actor.sync()
-        if actor.step() >= cfg.total_frames:
+        if actor.global_frames >= cfg.total_frames:
             ctx.coord.request(STOP_BUDGET)
+            continue
+        actor.step()
     actor.env.close()
 
 
