@@ -108,7 +108,9 @@ class Config:
     t_max: int = _f(5, "rollout length in agent steps (n-step Q, A3C) / I_AsyncUpdate", lo=1)
     entropy_beta: float = _f(0.01, "A3C entropy regularisation weight", lo=0.0)
     value_coef: float = _f(0.5, "A3C value-loss coefficient", lo=0.0)
-    grad_clip_norm: float = _f(40.0, "clip gradient global norm (0 = off)", lo=0.0)
+    grad_clip_norm: float = _f(40.0, "asynchronous methods: clip the gradient's global norm "
+                               "(0 = off); Gorila does not clip (its outlier rule drops instead)",
+                               lo=0.0)
     lstm: bool = _f(False, "A3C: LSTM variant (256 cells after the fc layer)")
     anneal_frames: int = _f(4_000_000, "frames over which async epsilons anneal from 1", lo=1)
 

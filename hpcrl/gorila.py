@@ -29,7 +29,7 @@ from hpcrl.losses import dqn_loss, q_learning_td
 from hpcrl.networks import ParamLayout
 from hpcrl.params.store import FRAMES, TV, ParameterStore
 from hpcrl.topology import Role
-from hpcrl.policies import LinearSchedule, LossOutlierFilter, epsilon_greedy
+from hpcrl.policies import LinearSchedule, LossOutlierFilter, epsilon_greedy, linear_lr
 from hpcrl.coord import STOP_BUDGET
 from hpcrl.program import ClientLink, Context, build_network, env_kwargs, sub_state, with_prefix
 from hpcrl.replay import ReplayMemory, generator_state_from_array, generator_state_to_array
@@ -230,6 +230,12 @@ class TargetTracker:
             self.version = tv
 
 
+def learning_rate(cfg: Config, global_frames: int) -> float:
+    """The lr sent with a gradient: constant, or annealed linearly to 0 over the budget."""
+    return (linear_lr(cfg.learning_rate, global_frames, cfg.total_frames) if cfg.lr_anneal
+            else cfg.learning_rate)
+
+
 def _send_stats(link: ClientLink, learner: GorilaLearner) -> None:
     link.stats(learner.loss_sum, learner.loss_count, learner.updates, learner.dropped_outlier,
                learner.dropped_nonfinite)
@@ -314,7 +320,7 @@ def run_bundle(ctx: Context) -> None:
         targets.refresh()
         grad = learner.gradient(replays[int(rng.integers(n_env))].sample(cfg.batch_size))
         if grad is not None:
-            store.push(grad, actor.versions, cfg.learning_rate)
+            store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames))
         if actor.steps % 64 == 0:
             _send_stats(link, learner)
     env.close()
@@ -390,7 +396,7 @@ def run_learner(ctx: Context) -> None:
         targets.refresh()
         grad = learner.gradient(batch)
         if grad is not None:
-            store.push(grad, versions, cfg.learning_rate)
+            store.push(grad, versions, learning_rate(cfg, store.read_word(0, FRAMES)))
         if learner.updates % 64 == 0:
             _send_stats(link, learner)
 
