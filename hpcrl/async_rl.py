@@ -264,7 +264,7 @@ def clip_by_global_norm(grad: np.ndarray, max_norm: float) -> float:
     Returns:
         The norm before clipping.
     """
-    norm = float(np.sqrt(np.dot(grad.astype(np.float64), grad.astype(np.float64))))
+    norm = float(np.sqrt(np.dot(grad, grad)))      # float32 BLAS dot: no float64 copies
     if max_norm > 0 and norm > max_norm:
         grad *= np.float32(max_norm / norm)
     return norm
@@ -297,6 +297,11 @@ def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
         logits [T, N, A], values [T, N], and the state after each step before any reset (a list
         of T states; None entries for feed-forward nets), which bootstraps V(s_t[i]).
     """
+    T, N = rollout.a_tm1.shape
+    if rollout.state0 is None and getattr(net, "initial_state", lambda n: None)(N) is None:
+        # feed-forward: one batched pass over all T * N states (one backward graph, not T)
+        lg, v, _ = net(torch.from_numpy(_flat_batch(rollout.s_tm1)), None)
+        return lg.reshape(T, N, -1), v.reshape(T, N), [None] * T
     state = rollout.state0
     logits, values, after = [], [], []
     for i in range(rollout.s_tm1.shape[0]):
@@ -379,6 +384,7 @@ class AsyncLearner:
         self.net, self.target, self.cfg = net, target, cfg
         self.layout = ParamLayout.from_module(net)
         self.grad = np.zeros(self.layout.size, np.float32)
+        self.layout.bind_grads(net, self.grad)          # backward() writes the flat gradient
         self.loss_sum, self.loss_count, self.updates, self.dropped_nonfinite = 0.0, 0, 0, 0
 
     def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
@@ -409,7 +415,6 @@ class AsyncLearner:
             return None
         self.net.zero_grad(set_to_none=False)
         loss.backward()
-        self.layout.grads_to_flat(self.net, self.grad)
         norm = clip_by_global_norm(self.grad, self.cfg.grad_clip_norm)
         if not np.isfinite(norm):
             self.dropped_nonfinite += 1
@@ -468,6 +473,9 @@ def run_actor_learner(ctx: Context) -> None:
     layout = learner.layout
     theta = np.empty(layout.size, np.float32)
     theta_target = np.empty(layout.size, np.float32)
+    layout.bind(net, theta)                                 # pulls write the nets directly
+    if target is not None:
+        layout.bind(target, theta_target)
     if value_method:
         policy = EpsilonGreedyPolicy(net, n_env, cfg.anneal_frames, env.frames_per_step, rng)
     else:
@@ -511,7 +519,6 @@ def run_actor_learner(ctx: Context) -> None:
                    learner.dropped_nonfinite)
 
     versions = store.pull(theta)
-    layout.from_flat(net, theta)
     target_version = -1
     while True:
         if ctx.coord.due():
@@ -519,7 +526,6 @@ def run_actor_learner(ctx: Context) -> None:
             if ctx.client_checkpoint(link, checkpoint_state):
                 break
             versions = store.pull(theta)
-            layout.from_flat(net, theta)
         if global_frames >= cfg.total_frames:
             ctx.coord.request(STOP_BUDGET)
             continue
@@ -527,7 +533,6 @@ def run_actor_learner(ctx: Context) -> None:
             tv = store.read_word(0, TV)
             if tv != target_version:
                 store.pull_target(theta_target)
-                layout.from_flat(target, theta_target)
                 target_version = tv
         rollout, obs = collect_rollout(env, obs, policy, cfg.t_max, on_step, a_next)
         if cfg.algo == "one_step_sarsa":
@@ -542,7 +547,6 @@ def run_actor_learner(ctx: Context) -> None:
         if value_method and target_refresh_due(steps_after, num_steps, cfg.target_update_every):
             store.request_target_refresh()
         versions = store.pull(theta)
-        layout.from_flat(net, theta)
         rollouts += 1
         if rollouts % 64 == 0:
             send_stats()
