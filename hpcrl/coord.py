@@ -37,6 +37,10 @@ from hpcrl.params.store import CKPT_READY, CKPT_REQ, CKPT_STOP, FRAMES, Paramete
 
 STOP_BUDGET, STOP_SIGNAL = 1, 2
 
+
+class NonFiniteState(ValueError):
+    """A rank's state holds NaN or inf parameters: that generation must not be written."""
+
 #: Time of a SIGUSR1/SIGTERM that arrived during start-up, before a Coordinator existed.
 _early_signal_time: float | None = None
 
@@ -124,6 +128,8 @@ class Coordinator:
             entry, error = ck.write_state(ck.rank_file(self.root, gen, self.rank), state_fn()), None
         except OSError as exc:                      # disk full, quota, unwritable: keep going
             entry, error = None, f"rank {self.rank}: {exc.strerror or exc}"
+        except NonFiniteState as exc:
+            entry, error = None, f"rank {self.rank}: {exc}"
         entries = self.comm.gather((entry, error), root=0)
         stop = 0
         if self.rank == 0:

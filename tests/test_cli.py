@@ -69,10 +69,15 @@ def test_bench_ps_prints_json_last_line():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("fault_rank, role", [(0, "ps"), (2, "actor-learner")])
-def test_exception_on_any_rank_aborts_the_job(fault_rank, role, tmp_path):
-    proc, wall = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
-                             "--set", f"run_dir={tmp_path}/r"],
+@pytest.mark.parametrize("world, sets, fault_rank, role", [
+    (4, [], 0, "ps"), (4, [], 2, "actor-learner"),
+    # split mode, 6 ranks: ps 0, replay 1, learner 2, actors 3-5
+    (6, ["--set", "mode=split", "--set", "n_learners=1"], 2, "learner"),
+    (6, ["--set", "mode=split", "--set", "n_learners=1"], 4, "actor"),
+])
+def test_exception_on_any_rank_aborts_the_job(world, sets, fault_rank, role, tmp_path):
+    proc, wall = run_mpi(world, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                                 "--set", f"run_dir={tmp_path}/r", *sets],
                          env={"HPCRL_FAULT_RANK": str(fault_rank)}, timeout=90)
     assert proc.returncode != 0
     assert f"hpcrl: rank {fault_rank} ({role}) on host" in proc.stderr

@@ -8,6 +8,7 @@
    episode lengths plus the running episode add up to the global frame counter exactly.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -90,3 +91,28 @@ def test_sigterm_checkpoint_resume_exact(config, tmp_path):
     keys = list(zip(eps["rank"].tolist(), eps["frames"].tolist()))
     assert len(keys) == len(set(keys))                 # no duplicate after the rollback
     assert int(eps["frames"].max()) <= total
+
+
+def test_nonfinite_parameters_are_never_checkpointed(tmp_path):
+    """Resume from a generation whose ps shard was poisoned with NaN (file and manifest hash
+    rewritten, as a diverged run would leave them): every later generation is refused with a
+    warning, so nothing with NaN/inf parameters is written by the job."""
+    run_dir = tmp_path / "run"
+    common = ["--config", "configs/gorila_cartpole.toml", "--set", f"run_dir={run_dir}",
+              "--set", "checkpoint_keep=10"]
+    proc = launch(common + ["--set", "total_frames=1000"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    root = run_dir / "checkpoints"
+    ps_file = ck.rank_file(root, 1, 0)
+    state = ck.read_state(ps_file)
+    state["params"][::7] = np.nan
+    entry = ck.write_state(ps_file, state)
+    manifest = ck.read_manifest(root, 1)
+    manifest["files"] = [entry if e["file"] == entry["file"] else e for e in manifest["files"]]
+    (ck.gen_dir(root, 1) / ck.MANIFEST).write_text(json.dumps(manifest))
+    proc = launch(common + ["--set", "total_frames=2000"], {"HPCRL_CHECKPOINT_ON_START": "1"})
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    assert "shard 0 parameters hold NaN or inf; this generation is not written" in out
+    assert ck.generations(root) == [1]

@@ -406,6 +406,13 @@ class ShardServer:
     def get_state(self) -> dict[str, np.ndarray]:
         """This shard's parameters, target, optimiser state and counters (a quiescent ps)."""
         par, hdr = self.store.par, self.store.hdr
+        for name, row in (("parameters", par[self.version % 2]),
+                          ("target parameters", par[2 + self.target_version % 2])):
+            if not np.isfinite(row.sum(dtype=np.float64)):
+                from hpcrl.coord import NonFiniteState
+
+                raise NonFiniteState(f"shard {self.store.shard} {name} hold NaN or inf; this "
+                                     "generation is not written (lower the learning rate?)")
         state = {f"opt/{k}": v for k, v in self.opt.get_state().items()}
         state.update(params=par[self.version % 2].copy(),
                      target=par[2 + self.target_version % 2].copy())
