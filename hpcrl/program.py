@@ -29,7 +29,7 @@ from hpcrl.params.store import ParameterStore, ShardServer, StoreSpec
 from hpcrl.topology import Layout, Role
 
 # Messages from clients to rank 0 (float64 rows on a dedicated communicator).
-TAG_EPISODE, TAG_STATS, TAG_END, TAG_CKPT = 11, 12, 13, 14
+TAG_EPISODE, TAG_STATS, TAG_CKPT = 11, 12, 14
 EPISODE_FIELDS = ("kind", "frames", "return", "length", "rank", "wall_time")  # kind 0 train, 1 eval
 STATS_FIELDS = ("loss_sum", "loss_count", "updates", "dropped_outlier", "dropped_nonfinite")
 
@@ -197,7 +197,6 @@ class Reporter:
         self.resume_frames = resume_frames or 0
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
         self.loss_at_report = (0.0, 0.0)
-        self.ended: set[int] = set()
         self.returns: list[float] = []
         self.episodes = 0
         self.t0 = time.monotonic()
@@ -221,8 +220,6 @@ class Reporter:
                     self.episodes += 1
             elif tag == TAG_STATS:
                 self.stats[src] = self.buf[:len(STATS_FIELDS)].copy()
-            elif tag == TAG_END:
-                self.ended.add(src)
             elif tag == TAG_CKPT:
                 self.markers += 1
 
@@ -477,9 +474,6 @@ class ClientLink:
         row = np.array([loss_sum, loss_count, updates, dropped_outlier, dropped_nonfinite],
                        np.float64)
         self.mcomm.Send(row, 0, TAG_STATS)
-
-    def end(self) -> None:
-        self.mcomm.Send(np.zeros(1), 0, TAG_END)
 
     def marker(self) -> None:
         """Everything this client reported so far precedes the coming checkpoint."""

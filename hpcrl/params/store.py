@@ -52,7 +52,7 @@ from hpcrl.topology import shard_ranges
 
 # Header words (int64) of every shard; only those of shard 0 hold the global counters and the
 # checkpoint coordination words (hpcrl.coord). Word 15 is free for benchmarks.
-V, S, TV, TS, APPLIED, STALE, NONFINITE, DONE, TARGET_REQ, STOP, FRAMES, STEPS, EPISODES = range(13)
+V, S, TV, TS, APPLIED, STALE, NONFINITE, DONE, TARGET_REQ, _UNUSED, FRAMES, STEPS, EPISODES = range(13)
 CKPT_REQ, CKPT_STOP, BENCH_WORD, CKPT_READY = 13, 14, 15, 16
 HDR_WORDS = 24
 #: Words saved in checkpoints (per shard; the global ones matter on shard 0 only).
@@ -90,7 +90,7 @@ class ParameterStore:
         # clients:                                  # ps ranks: ShardServer(store, ...).serve()
         versions = store.pull(theta)
         store.push(grad, versions, lr)
-        store.done()
+        store.done()                                # or coordinated stops (hpcrl.coord)
         store.free()                                # collective
     """
 
@@ -245,11 +245,6 @@ class ParameterStore:
         for j in range(self.n_ps):
             self._atomic(j, DONE, 1, MPI.SUM)
 
-    def stop_all(self) -> None:
-        """Ask every shard to stop serving now (budget reached / shutdown requested)."""
-        for j in range(self.n_ps):
-            self._atomic(j, STOP, 1, MPI.REPLACE)
-
     def counters(self) -> dict:
         """Progress counters. Every gradient is applied or dropped by each shard on its own, so
         ``applied`` is shard 0's count (one per gradient), the drop counts are the largest over
@@ -275,10 +270,6 @@ class ParameterStore:
         for win in self._wins:
             win.Unlock_all()
             win.Free()
-
-    def _check(self) -> None:
-        if self._freed:
-            raise RuntimeError("parameter store already freed")
 
 
 class ShardServer:
@@ -365,9 +356,9 @@ class ShardServer:
             self.targets_served += 1
 
     def finished(self) -> bool:
+        """Every client called ``done()`` (the plain shutdown, without a coordinator)."""
         st = self.store
-        return (st.read_word(st.shard, STOP) > 0
-                or st.read_word(st.shard, DONE) >= st.spec.n_clients)
+        return st.read_word(st.shard, DONE) >= st.spec.n_clients
 
     def serve(self, idle_sleep_s: float = 2e-3, on_tick=None, tick_s: float = 0.02,
               coord=None, before_write=None) -> int:
