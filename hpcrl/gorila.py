@@ -32,7 +32,8 @@ from hpcrl.topology import Role
 from hpcrl.policies import LinearSchedule, LossOutlierFilter, epsilon_greedy, linear_lr
 from hpcrl.coord import STOP_BUDGET
 from hpcrl.program import ClientLink, Context, build_network, env_kwargs, sub_state, with_prefix
-from hpcrl.replay import ReplayMemory, generator_state_from_array, generator_state_to_array
+from hpcrl.replay import (ReplayMemory, frame_layout, generator_state_from_array,
+                          generator_state_to_array)
 
 
 class GorilaLearner:
@@ -241,10 +242,6 @@ def _send_stats(link: ClientLink, learner: GorilaLearner) -> None:
                learner.dropped_nonfinite)
 
 
-def frame_dtype(obs_shape) -> type:
-    return np.uint8 if len(obs_shape) == 3 else np.float32
-
-
 def _torch_rng_state() -> np.ndarray:
     return torch.get_rng_state().numpy().copy()
 
@@ -278,9 +275,9 @@ def run_bundle(ctx: Context) -> None:
     link = ctx.link()
     n_env = cfg.envs_per_actor
     env = make_env(cfg.game, n_env, ctx.seed, **env_kwargs(cfg, training=True))
-    stack = env.obs_shape[0] if len(env.obs_shape) == 3 else 1
-    replays = [ReplayMemory(max(cfg.replay_capacity // n_env, 1), env.frame_shape,
-                            frame_dtype(env.obs_shape), stack, ctx.seed + i)
+    stack, frame_shape, dtype = frame_layout(env.obs_shape)
+    replays = [ReplayMemory(max(cfg.replay_capacity // n_env, 1), frame_shape, dtype, stack,
+                            ctx.seed + i)
                for i in range(n_env)]
     actor = Actor(cfg, ctx.rank, store, link, LocalReplaySink(replays), env=env)
     target = build_network(cfg, env.obs_shape, env.num_actions)
@@ -365,10 +362,9 @@ def run_learner(ctx: Context) -> None:
     targets = TargetTracker(store, target, learner.layout)
     theta = np.empty(learner.layout.size, np.float32)
     learner.layout.bind(net, theta)
-    stack = obs_shape[0] if len(obs_shape) == 3 else 1
-    frame_shape = obs_shape[1:] if len(obs_shape) == 3 else obs_shape
+    stack, frame_shape, dtype = frame_layout(obs_shape)
     client = BatchClient(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY), ctx.seed,
-                         (stack,) + tuple(frame_shape), frame_dtype(obs_shape))
+                         (stack,) + frame_shape, dtype)
     state = _restore_common(ctx, None, learner)
     if state:
         generator_state_from_array(client.rng, state["client_rng"])

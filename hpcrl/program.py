@@ -418,13 +418,12 @@ def run_replay(ctx: Context) -> None:
     """A global replay rank (no torch): serves its actors' streams to all learners."""
     _assert_no_torch("replay")
     from hpcrl.envs import make_env
+    from hpcrl.replay import frame_layout
     from hpcrl.replay_server import ReplayServer
 
     cfg, layout = ctx.cfg, ctx.layout
     env = make_env(cfg.game, 1, cfg.seed, **env_kwargs(cfg, training=False))
-    image = len(env.obs_shape) == 3
-    stack = env.obs_shape[0] if image else 1
-    frame_shape, frame_dtype = env.frame_shape, (np.uint8 if image else np.float32)
+    stack, frame_shape, frame_dtype = frame_layout(env.obs_shape)
     env.close()
     replays = layout.ranks_of(Role.REPLAY)
     me = replays.index(ctx.rank)

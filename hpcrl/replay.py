@@ -55,6 +55,15 @@ def generator_state_from_array(rng: np.random.Generator, state: np.ndarray) -> N
     rng.bit_generator.state = json.loads(text)
 
 
+def frame_layout(obs_shape) -> tuple[int, tuple[int, ...], type]:
+    """(stack, frame shape, frame dtype) for storing observations of ``obs_shape`` frame by
+    frame: image stacks [stack, H, W] as uint8 frames, vectors [D] as float32 with stack 1."""
+    obs_shape = tuple(int(d) for d in obs_shape)
+    if len(obs_shape) == 3:
+        return obs_shape[0], obs_shape[1:], np.uint8
+    return 1, obs_shape, np.float32
+
+
 class ReplayMemory:
     """Uniform replay of frame-stacked transitions, each frame stored once.
 
