@@ -50,6 +50,7 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.timeout_s:
                 self._report(idle)
+                time.sleep(1.0)        # let the launcher forward the report before Abort kills us
                 self.abort()
                 return
 
