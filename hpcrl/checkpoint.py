@@ -85,6 +85,20 @@ def read_state(path: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{path}: unreadable checkpoint file ({exc})") from None
 
 
+def read_state_slice(path: Path, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Like :func:`read_state`, with every non-scalar dataset cut to ``[..., lo:hi]`` on disk
+    (a ps rank re-splitting shards reads only the part it will host)."""
+    try:
+        with h5py.File(path, "r") as f:
+            out: dict[str, np.ndarray] = {}
+            f.visititems(lambda name, obj: out.__setitem__(
+                name, obj[()] if obj.ndim == 0 else obj[..., lo:hi])
+                if isinstance(obj, h5py.Dataset) else None)
+            return out
+    except OSError as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint file ({exc})") from None
+
+
 def write_manifest(root: Path, gen: int, files: list[dict], info: dict) -> None:
     """Rank 0, last: the generation becomes complete when this file appears."""
     d = gen_dir(root, gen)

@@ -26,6 +26,7 @@ from mpi4py import MPI
 from hpcrl import __version__
 from hpcrl.config import Config, ConfigError, to_toml
 from hpcrl.params.store import ParameterStore, ShardServer, StoreSpec
+from hpcrl.reshard import layout_change_error, merge_pieces, shard_pieces, worker_source_rank
 from hpcrl.topology import Layout, Role
 
 # Messages from clients to rank 0 (float64 rows on a dedicated communicator).
@@ -151,13 +152,9 @@ def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
                      "move that directory aside to start this run over")
         if found is not None:
             gen, manifest = found
-            roles = [r.value for r in layout.roles]
-            if manifest.get("roles") != roles:
-                error = (f"checkpoint generation {gen} in {run_dir} was written by a job with "
-                         f"{len(manifest.get('roles', []))} ranks "
-                         f"({_counts(manifest.get('roles', []))}); this job has "
-                         f"{layout.world_size} ({_counts(roles)}). Resume with the same "
-                         "layout (mpiexec -n and n_ps, mode, n_* fields), or use another run_dir")
+            why = layout_change_error(manifest.get("roles", []), [r.value for r in layout.roles])
+            if why:
+                error = f"checkpoint generation {gen} in {run_dir} {why}"
             elif manifest.get("n_params") != n_params:
                 error = (f"checkpoint generation {gen} has {manifest.get('n_params')} network "
                          f"parameters, this network has {n_params}")
@@ -167,8 +164,23 @@ def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
     return found
 
 
-def _counts(roles: list[str]) -> str:
-    return ", ".join(f"{roles.count(r)} {r}" for r in dict.fromkeys(roles))
+def load_rank_state(root: Path, gen: int, manifest: dict, layout: Layout, rank: int,
+                    n_params: int) -> dict:
+    """This rank's state from generation ``gen``, moved to this job's layout if it differs:
+    a ps rank assembles its new shard from slices of the old shards' files, a worker reads the
+    file of the old worker at its position (hpcrl.reshard)."""
+    from hpcrl import checkpoint as ck
+
+    old_roles, new_roles = manifest["roles"], [r.value for r in layout.roles]
+    if old_roles == new_roles:
+        return ck.read_state(ck.rank_file(root, gen, rank))
+    if layout.roles[rank] != Role.PS:
+        return ck.read_state(ck.rank_file(root, gen, worker_source_rank(old_roles, new_roles, rank)))
+    old_ps = [i for i, r in enumerate(old_roles) if r == "ps"]
+    pieces = shard_pieces(n_params, len(old_ps), len(layout.ps_ranks),
+                          layout.ps_ranks.index(rank))
+    return merge_pieces([ck.read_state_slice(ck.rank_file(root, gen, old_ps[j]), lo, hi)
+                         for j, lo, hi in pieces])
 
 
 class Reporter:
@@ -349,10 +361,14 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, force_new: bool = False) ->
     if rank == 0:
         write_config(run_dir, cfg)
     gen, manifest = found if found else (0, None)
-    state = ck.read_state(ck.rank_file(run_dir / "checkpoints", gen, rank)) if found else None
+    state = (load_rank_state(run_dir / "checkpoints", gen, manifest, layout, rank, n_params)
+             if found else None)
     if rank == 0 and found:
+        old_n_ps = manifest["roles"].count("ps")
+        moved = (f", its {old_n_ps} parameter shards re-split over {len(layout.ps_ranks)} ps ranks"
+                 if manifest["roles"] != [r.value for r in layout.roles] else "")
         print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
-              f"{manifest['frames']:,}", flush=True)
+              f"{manifest['frames']:,}{moved}", flush=True)
     store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
     opt = None
     if role == Role.PS:

@@ -25,9 +25,9 @@ from tests.util import ROOT, mpiexec_path
 pytestmark = pytest.mark.mpi
 
 
-def launch(args, env_extra=None):
+def launch(args, env_extra=None, n=4):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env_extra or {}))
-    return subprocess.Popen([mpiexec_path(), "-n", "4", sys.executable, "-m", "hpcrl.run", *args],
+    return subprocess.Popen([mpiexec_path(), "-n", str(n), sys.executable, "-m", "hpcrl.run", *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -116,3 +116,54 @@ def test_nonfinite_parameters_are_never_checkpointed(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     assert "shard 0 parameters hold NaN or inf; this generation is not written" in out
     assert ck.generations(root) == [1]
+
+
+def test_resume_with_more_then_fewer_ps_ranks(tmp_path):
+    """A checkpoint of 1 ps + 3 bundles resumes as 3 ps + 3 bundles (shards re-split, bundles
+    now at ranks 1, 3, 5), then as 2 ps + 3 bundles. The generation forced at each start equals
+    the one before it: the shards concatenate to the same vectors, worker k's state is worker
+    k's, and the run completes with every episode once."""
+    run_dir = tmp_path / "run"
+    common = ["--config", "configs/gorila_cartpole.toml", "--set", f"run_dir={run_dir}",
+              "--set", "checkpoint_keep=10", "--set", "optimizer=momentum"]
+    root = run_dir / "checkpoints"
+    proc = launch(common + ["--set", "total_frames=1500"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    steps = [(6, 3, 3000), (5, 2, 4500)]
+    for n, n_ps, total in steps:
+        before = max(ck.generations(root))
+        m_old, s_old = states(root, before)
+        proc = launch(common + ["--set", f"total_frames={total}", "--set", f"n_ps={n_ps}"],
+                      {"HPCRL_CHECKPOINT_ON_START": "1"}, n=n)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-3000:]
+        old_ps = m_old["roles"].count("ps")
+        assert (f"resuming from checkpoint generation {before} at frame {m_old['frames']:,}, its "
+                f"{old_ps} parameter shards re-split over {n_ps} ps ranks") in out
+        m_new, s_new = states(root, before + 1)
+        assert m_new["frames"] == m_old["frames"] and m_new["roles"].count("ps") == n_ps
+
+        def files_of(manifest, role):
+            return [f"rank-{r:05d}.h5" for r, x in enumerate(manifest["roles"]) if x == role]
+
+        for key in ("params", "target", "opt/m"):
+            joined_old = np.concatenate([s_old[f][key] for f in files_of(m_old, "ps")], axis=-1)
+            joined_new = np.concatenate([s_new[f][key] for f in files_of(m_new, "ps")], axis=-1)
+            np.testing.assert_array_equal(joined_old, joined_new, err_msg=key)
+        for name in ("frames", "steps", "episodes", "applied"):
+            assert s_old["rank-00000.h5"][f"hdr/{name}"] == s_new["rank-00000.h5"][f"hdr/{name}"]
+        workers_old = files_of(m_old, "actor-learner")
+        workers_new = files_of(m_new, "actor-learner")
+        assert len(workers_old) == len(workers_new) == 3
+        for a, b in zip(workers_old, workers_new):
+            assert s_old[a].keys() == s_new[b].keys()
+            for key in s_old[a]:
+                np.testing.assert_array_equal(s_old[a][key], s_new[b][key], err_msg=f"{b}:{key}")
+    m3, s3 = states(root, max(ck.generations(root)))
+    total = int(s3["rank-00000.h5"]["hdr/frames"])
+    assert total >= 4500
+    eps = read_metrics(run_dir / "metrics.h5")["episodes"]
+    running = sum(int(np.sum(st[k])) for st in s3.values() for k in st
+                  if k.endswith("episode_frames_so_far"))
+    assert int(eps["length"].sum()) + running == total
