@@ -130,8 +130,11 @@ def collect_rollout(env, obs: np.ndarray, policy, num_steps: int,
         r_t.append(res.reward.astype(np.float32))
         discount_t.append((~res.terminal).astype(np.float32))
         end_t.append(res.episode_end.copy())
-        s_t.append(np.where(_expand(res.episode_end, obs.ndim),
-                            next_obs_before_reset(obs, res.last_frame), res.obs))
+        if res.episode_end.any():          # auto-reset: res.obs is the next episode's start
+            s_t.append(np.where(_expand(res.episode_end, obs.ndim),
+                                next_obs_before_reset(obs, res.last_frame), res.obs))
+        else:
+            s_t.append(res.obs)
         policy.episode_end(res.episode_end)
         if on_step is not None:
             on_step(res)
@@ -328,6 +331,29 @@ def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) 
     return v_t
 
 
+def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
+    """logits [T, N, A] and values [T, N] with their graph, and the bootstrap values v_t [T, N]
+    of :func:`actor_critic_bootstrap`.
+
+    Feed-forward nets get all three from one batched pass: the states that bootstrap a return
+    ride along with the rollout's states and their values are detached (one forward call per
+    rollout instead of two). Recurrent nets unroll step by step.
+    """
+    T, N = rollout.a_tm1.shape
+    if rollout.state0 is not None or getattr(net, "initial_state", lambda n: None)(N) is not None:
+        logits, values, after = unroll_actor_critic(net, rollout)
+        return logits, values, actor_critic_bootstrap(net, rollout, after)
+    cut = (rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)).reshape(-1)
+    idx = np.flatnonzero(cut)
+    x = _flat_batch(rollout.s_tm1)
+    if idx.size:
+        x = np.concatenate([x, _flat_batch(rollout.s_t)[idx]])
+    lg, v, _ = net(torch.from_numpy(x), None)
+    v_t = np.zeros(T * N, np.float32)
+    v_t[idx] = v[T * N:].detach().numpy()
+    return lg[:T * N].reshape(T, N, -1), v[:T * N].reshape(T, N), v_t.reshape(T, N)
+
+
 # ---------------------------------------------------------------------------------------- policies
 class EpsilonGreedyPolicy:
     """Epsilon-greedy on Q(s, .; theta) with the paper's per-thread final epsilons (§8).
@@ -390,8 +416,7 @@ class AsyncLearner:
     def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
         """Summed loss of the rollout's transitions (the paper accumulates their gradients)."""
         if self.cfg.algo == "a3c":
-            logits, values, after = unroll_actor_critic(self.net, rollout)
-            v_t = actor_critic_bootstrap(self.net, rollout, after)
+            logits, values, v_t = actor_critic_outputs(self.net, rollout)
             returns = bootstrap_returns(rollout.r_t, rollout.discount_t,
                                         rollout_cuts(rollout.end_t), v_t, self.cfg.gamma)
             out = a3c_loss(logits, values, torch.from_numpy(rollout.a_tm1),

@@ -12,7 +12,9 @@ alternating blocks so that machine noise hits both alike:
 * scaling: A3C (or another asynchronous method) on Pong with 1 and with 2 actor-learners
   (plus one ps rank each) for a fixed wall time each, frames/s from the jobs' own metrics,
   ``speedup`` = frames/s(2) / frames/s(1); and one actor-learner's agent steps/s against
-  1 / (env step + forward + backward of a 5-step rollout / 5), measured in the bench process.
+  1 / (env step + forward + backward of a 5-step rollout / 5), measured in the bench process
+  (env step and forward timed in one loop, as acting interleaves them; the separate-loop
+  bound and fraction are reported too).
 * learner: Gorila learner updates/s (parameter pull, replay sample, DQN gradient, gradient push)
   against a pure torch loop (sample a batch from an in-memory array, forward, target forward,
   backward). The store lives on this one rank (COMM_SELF); the ps's apply runs on another rank
@@ -171,7 +173,8 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
             "bytes_per_transition": replay84.bytes_per_transition}
 
 
-def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_dir) -> dict:
+def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_dir,
+                 overrides: list[str] = ()) -> dict:
     """Run the algorithm's Pong config with 1 ps + ``n_workers`` actor-learners; frames/s over
     the window after ``warmup`` seconds, from the job's own metrics (train rows)."""
     import os
@@ -188,6 +191,8 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
            "--set", "n_ps=1", "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
            "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
            "--set", "checkpoint_replay=false"]
+    for item in overrides:
+        cmd += ["--set", item]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(warmup + seconds + 5)                  # + start-up
@@ -200,8 +205,11 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
             "window_s": float(t[-1] - t[start])}
 
 
-def _a3c_bound(steps: int, t_max: int = 5) -> float:
-    """1 / (env step + batch-1 forward + backward of a t_max rollout / t_max), in agent steps/s."""
+def _a3c_bound(steps: int, t_max: int = 5) -> dict:
+    """Agent steps/s bounds of an A3C actor-learner: 1 / (env step + batch-1 forward + backward
+    of a t_max rollout / t_max). ``bound`` times env step and forward in one loop, as acting
+    interleaves them (each evicts the other's data from the caches); ``bound_separate`` times
+    them in separate loops (warm caches, optimistic), as ``bench actor`` reports both."""
     import torch
 
     from hpcrl.config import load_config
@@ -215,13 +223,18 @@ def _a3c_bound(steps: int, t_max: int = 5) -> float:
     net = build_network(cfg, env.obs_shape, env.num_actions)
     rng = np.random.default_rng(0)
     obs = env.reset()
-    t_env = 1 / _rate(lambda: env.step(rng.integers(env.num_actions, size=1)), steps)
+
+    def env_step():
+        env.step(rng.integers(env.num_actions, size=1))
 
     def forward():
         with torch.no_grad():
             net(torch.from_numpy(obs))
 
-    t_fwd = 1 / _rate(forward, steps)
+    def env_and_forward():
+        env_step()
+        forward()
+
     batch = torch.from_numpy(np.repeat(obs, t_max, axis=0))
     actions = torch.zeros(t_max, dtype=torch.int64)
 
@@ -231,25 +244,29 @@ def _a3c_bound(steps: int, t_max: int = 5) -> float:
         net.zero_grad()
         loss.backward()
 
-    t_bwd = 1 / _rate(backward, max(steps // t_max, 10))
+    t_env, t_fwd = 1 / _rate(env_step, steps), 1 / _rate(forward, steps)
+    t_both = 1 / _rate(env_and_forward, steps)
+    t_bwd = 1 / _rate(backward, max(steps // t_max, 10)) / t_max
     env.close()
-    return 1.0 / (t_env + t_fwd + t_bwd / t_max)
+    return {"bound": 1.0 / (t_both + t_bwd), "bound_separate": 1.0 / (t_env + t_fwd + t_bwd)}
 
 
-def bench_scaling(algo: str, seconds: float, warmup: float) -> dict:
+def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str] = ()) -> dict:
     """frames/s with 1 and 2 actor-learners (plus one ps each), same config, one after the other."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        one = _measure_job(algo, 1, seconds, warmup, f"{tmp}/one")
-        two = _measure_job(algo, 2, seconds, warmup, f"{tmp}/two")
-    bound = _a3c_bound(300)
+        one = _measure_job(algo, 1, seconds, warmup, f"{tmp}/one", overrides)
+        two = _measure_job(algo, 2, seconds, warmup, f"{tmp}/two", overrides)
+    bounds = _a3c_bound(300)
     steps_one = one["frames_per_s"] / 4                # Pong: 4 frames per agent step
-    return {"bench": "scaling", "algo": algo, "seconds": seconds,
+    return {"bench": "scaling", "algo": algo, "seconds": seconds, "overrides": list(overrides),
             "frames_per_s_1": one["frames_per_s"], "frames_per_s_2": two["frames_per_s"],
             "speedup": two["frames_per_s"] / one["frames_per_s"],
-            "actor_learner_steps_per_s": steps_one, "bound_steps_per_s": bound,
-            "fraction": steps_one / bound}
+            "actor_learner_steps_per_s": steps_one, "bound_steps_per_s": bounds["bound"],
+            "fraction": steps_one / bounds["bound"],
+            "bound_separate_steps_per_s": bounds["bound_separate"],
+            "fraction_of_separate_bound": steps_one / bounds["bound_separate"]}
 
 
 def bench_checkpoint(transitions: int, out_dir: str | None) -> dict:
@@ -303,13 +320,15 @@ def main(what: str, argv: list[str]) -> dict:
     p.add_argument("--algo", default="a3c", help="scaling: algorithm (its <algo>_pong config)")
     p.add_argument("--seconds", type=float, default=60.0, help="scaling: measured window")
     p.add_argument("--warmup", type=float, default=15.0, help="scaling: seconds skipped")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="scaling: config overrides for both jobs (e.g. optimizer=sgd)")
     p.add_argument("--transitions", type=int, default=100_000, help="checkpoint: replay size")
     p.add_argument("--dir", default=None, help="checkpoint: where to write (default: tmp)")
     args = p.parse_args(argv)
     if what == "checkpoint":
         return bench_checkpoint(args.transitions, args.dir)
     if what == "scaling":
-        return bench_scaling(args.algo, args.seconds, args.warmup)
+        return bench_scaling(args.algo, args.seconds, args.warmup, args.set)
     if what == "actor":
         return bench_actor(args.game, args.steps, args.blocks)
     if what == "learner":

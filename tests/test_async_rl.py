@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hpcrl.async_rl import (ActorCriticPolicy, AsyncLearner, Rollout, actor_critic_bootstrap,
+                            actor_critic_outputs,
                             bootstrap_returns, clip_by_global_norm, collect_rollout,
                             n_step_q_targets, next_obs_before_reset, one_step_targets,
                             rollout_cuts, sample_from_logits, sarsa_next_actions,
@@ -148,6 +149,27 @@ def test_actor_critic_bootstrap_only_at_cuts_that_are_not_terminal():
     with torch.no_grad():
         v = net(torch.from_numpy(s_t.reshape(6, 4)))[1].numpy().reshape(3, 2)
     np.testing.assert_allclose(v_t, [[0, v[0, 1]], [0, 0], [v[2, 0], 0]], rtol=1e-6)
+
+
+def test_one_pass_outputs_equal_unroll_plus_bootstrap():
+    """The feed-forward fast path (bootstrap states batched with the rollout's) gives the same
+    logits, values and bootstrap values as the two-pass reference."""
+    torch.manual_seed(0)
+    net = build_actor_critic((4,), 3, lstm=False, hidden=8)
+    rng = np.random.default_rng(1)
+    s_tm1 = rng.normal(size=(3, 2, 4)).astype(np.float32)
+    s_t = rng.normal(size=(3, 2, 4)).astype(np.float32)
+    end = np.array([[1, 1], [0, 0], [0, 0]], bool)
+    d = np.array([[0, 1], [1, 1], [1, 0]], np.float32)
+    rollout = Rollout(s_tm1, np.zeros((3, 2), np.int64), np.zeros((3, 2), np.float32), d, end,
+                      s_t)
+    logits, values, v_t = actor_critic_outputs(net, rollout)
+    ref_logits, ref_values, after = unroll_actor_critic(net, rollout)
+    ref_v_t = actor_critic_bootstrap(net, rollout, after)
+    np.testing.assert_allclose(logits.detach().numpy(), ref_logits.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(values.detach().numpy(), ref_values.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(v_t, ref_v_t, rtol=1e-5)
+    assert v_t[0, 0] == 0 and v_t[2, 1] == 0 and v_t[0, 1] != 0 and v_t[2, 0] != 0
 
 
 class RecordingPolicy(ActorCriticPolicy):
