@@ -53,6 +53,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
+from hpcrl import watchdog
 from hpcrl.config import Config
 from hpcrl.envs import StepResult, make_env
 from hpcrl.losses import a3c_loss, dqn_loss
@@ -482,6 +483,33 @@ def _set_policy_state(policy, state: dict) -> None:
         policy.state = (torch.from_numpy(np.array(state["h"])), torch.from_numpy(np.array(state["c"])))
 
 
+def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Generator) -> list:
+    """``eval_episodes`` evaluation episodes with the current parameters (no reward clipping,
+    no life-loss terminals): epsilon-greedy at ``eval_epsilon`` on Q for the value methods (the
+    DQN protocol: their training episodes mix in exploration up to epsilon 0.5, so they do not
+    show what was learned), sampling from the policy for A3C (its LSTM state reset per episode).
+
+    Returns:
+        (return, length in frames) of each episode.
+    """
+    if cfg.algo in VALUE_METHODS:
+        from hpcrl.gorila import evaluate as evaluate_q
+
+        return evaluate_q(net, cfg, seed, rng)
+    env = make_env(cfg.game, 1, seed, **env_kwargs(cfg, training=False))
+    policy = ActorCriticPolicy(net, 1, rng)
+    obs, results = env.reset(), []
+    while len(results) < cfg.eval_episodes:
+        watchdog.beat()
+        res = env.step(policy.act(obs))
+        policy.episode_end(res.episode_end)
+        if res.episode_end[0]:
+            results.append((float(res.episode_return[0]), int(res.episode_frames[0])))
+        obs = res.obs
+    env.close()
+    return results
+
+
 def run_actor_learner(ctx: Context) -> None:
     """Act, compute the rollout gradient, push, pull; until the global frame budget is spent
     or a coordinated checkpoint says stop."""
@@ -517,6 +545,9 @@ def run_actor_learner(ctx: Context) -> None:
     obs = env.reset()
     a_next = None
     rollouts = 0
+    frames_per_rollout = cfg.t_max * frames_per_step
+    # This rank evaluates every eval_every_frames of its own frames (no evaluator ranks here).
+    next_eval = cfg.eval_every_frames if cfg.eval_every_frames > 0 else -1
     if ctx.state:
         st = ctx.state
         env.set_state(sub_state(st, "env"))
@@ -525,6 +556,7 @@ def run_actor_learner(ctx: Context) -> None:
         torch.set_rng_state(torch.from_numpy(np.array(st["torch_rng"])))
         a_next = np.array(st["a_next"]) if "a_next" in st else None
         rollouts = int(st["rollouts"])
+        next_eval = int(st["next_eval"]) if "next_eval" in st else next_eval
         learner.loss_sum, learner.loss_count = float(st["loss_sum"]), int(st["loss_count"])
         learner.updates, learner.dropped_nonfinite = int(st["updates"]), int(st["dropped_nonfinite"])
 
@@ -532,6 +564,7 @@ def run_actor_learner(ctx: Context) -> None:
         out = {**with_prefix("env", env.get_state()), "obs": obs.copy(),
                **with_prefix("policy", _policy_state(policy)),
                "torch_rng": torch.get_rng_state().numpy().copy(), "rollouts": np.int64(rollouts),
+               "next_eval": np.int64(next_eval),
                "loss_sum": np.float64(learner.loss_sum), "loss_count": np.int64(learner.loss_count),
                "updates": np.int64(learner.updates),
                "dropped_nonfinite": np.int64(learner.dropped_nonfinite)}
@@ -575,4 +608,8 @@ def run_actor_learner(ctx: Context) -> None:
         rollouts += 1
         if rollouts % 64 == 0:
             send_stats()
+        if 0 <= next_eval <= rollouts * frames_per_rollout:
+            for ret, length in evaluate(net, cfg, ctx.seed + next_eval, rng):
+                link.episode(global_frames, ret, length, eval_=True)
+            next_eval += cfg.eval_every_frames
     env.close()

@@ -119,6 +119,10 @@ class Config:
                                 "0 = never", lo=0)
     eval_episodes: int = _f(5, "episodes per evaluation", lo=1)
     eval_epsilon: float = _f(0.05, "epsilon during evaluation", lo=0.0, hi=1.0)
+    early_stop: bool = _f(False, "end the run (exit 0, final checkpoint) once the mean return of "
+                          "the last 20 evaluation episodes (training episodes if the run does not "
+                          "evaluate) reaches early_stop_return")
+    early_stop_return: float = _f(195.0, "the mean return that ends the run when early_stop")
 
     # --- parameter store / MPI ---------------------------------------------------------------
     async_progress: bool = _f(False, "MPICH asynchronous progress thread (slow when "

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from hpcrl import __version__
 from hpcrl.config import Config, ConfigError, to_toml
-from hpcrl.params.store import ParameterStore, ShardServer, StoreSpec
+from hpcrl.params.store import FRAMES, ParameterStore, ShardServer, StoreSpec
 from hpcrl.reshard import layout_change_error, merge_pieces, shard_pieces, worker_source_rank
 from hpcrl.topology import Layout, Role
 
@@ -188,7 +188,7 @@ class Reporter:
     plus a progress line every ``log_every_s`` seconds."""
 
     def __init__(self, mcomm: MPI.Comm, store: ParameterStore, cfg: Config, layout: Layout,
-                 run_dir: Path, resume_frames: int | None = None):
+                 run_dir: Path, resume_frames: int | None = None, on_early_stop=None):
         from hpcrl.metrics import MetricsWriter
 
         self.mcomm, self.store, self.cfg = mcomm, store, cfg
@@ -210,6 +210,8 @@ class Reporter:
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
         self.loss_at_report = (0.0, 0.0)
         self.returns: list[float] = []
+        self.eval_returns: list[float] = []
+        self.on_early_stop, self.early_stopped = on_early_stop, False
         self.episodes = 0
         self.t0 = time.monotonic()
         self.last_report = (self.t0, self.resume_frames)
@@ -230,6 +232,8 @@ class Reporter:
                 if group == "episodes":
                     self.returns.append(row["return"])
                     self.episodes += 1
+                else:
+                    self.eval_returns.append(row["return"])
             elif tag == TAG_STATS:
                 self.stats[src] = self.buf[:len(STATS_FIELDS)].copy()
             elif tag == TAG_CKPT:
@@ -237,6 +241,8 @@ class Reporter:
 
     def tick(self) -> None:
         self.drain()
+        if self.cfg.early_stop and not self.early_stopped:
+            self.check_early_stop()
         now = time.monotonic()
         if now - self.last_report[0] >= self.cfg.log_every_s:
             self.report(now)
@@ -259,8 +265,10 @@ class Reporter:
                            frames_per_second=fps, wall_time=now - self.t0)
         self.writer.flush()
         recent = np.mean(self.returns[-20:]) if self.returns else float("nan")
+        evals = (f"eval(last 20) {np.mean(self.eval_returns[-20:]):8.2f} | "
+                 if self.eval_returns else "")
         line = (f"frames {c['frames']:>11,} | {fps:8.0f} frames/s | episodes {self.episodes:>6} | "
-                f"return(last 20) {recent:8.2f} | updates {c['applied']:>9,} | dropped stale "
+                f"return(last 20) {recent:8.2f} | {evals}updates {c['applied']:>9,} | dropped stale "
                 f"{c['dropped_stale']} outlier {int(s['dropped_outlier'])} nonfinite "
                 f"{c['dropped_nonfinite'] + int(s['dropped_nonfinite'])}")
         if self.tty:
@@ -269,6 +277,21 @@ class Reporter:
             print(f"\r[{bar}] {100 * done:5.1f}% {line}", end="", flush=True)
         else:
             print(f"[hpcrl] {line}", flush=True)
+
+    def check_early_stop(self) -> None:
+        """``early_stop``: once the mean of the last 20 evaluation episodes (training episodes
+        when nothing evaluates) reaches ``early_stop_return``, end the run like a spent budget.
+        Returns seen since a resume only (the file's earlier rows were judged before)."""
+        kind, returns = (("evaluation", self.eval_returns) if self.eval_returns
+                         else ("training", self.returns))
+        if len(returns) < 20 or np.mean(returns[-20:]) < self.cfg.early_stop_return:
+            return
+        self.early_stopped = True
+        frames = self.store.read_word(0, FRAMES)
+        print(f"[hpcrl] early stop: mean return of the last 20 {kind} episodes "
+              f"{np.mean(returns[-20:]):.1f} >= {self.cfg.early_stop_return} at frame "
+              f"{frames:,}", flush=True)
+        self.on_early_stop()
 
     def before_checkpoint(self) -> None:
         """Drain every client's messages up to its checkpoint marker, then flush: the file then
@@ -463,7 +486,10 @@ def run_ps(ctx: Context) -> None:
     target_every = cfg.target_update_every if cfg.algo == "gorila" else 0
     server = ShardServer(ctx.store, ctx.opt, max_staleness=cfg.max_staleness,
                          target_update_every=target_every)
-    reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames)
+    from hpcrl.coord import STOP_BUDGET
+
+    reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames,
+                         on_early_stop=lambda: ctx.coord.request(STOP_BUDGET))
                 if ctx.rank == 0 else None)
     stop = server.serve(idle_sleep_s=cfg.ps_idle_sleep_ms / 1e3,
                         on_tick=reporter.tick if reporter else None, coord=ctx.coord,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Repeat a CartPole learning run N times with different seeds and report, for each, the global
-# frame at which the mean of the last 20 training episodes first reached 195 (or "never").
+# frame at which the mean of the last 20 episodes first reached 195 (or "never"): evaluation
+# episodes where the run evaluates (the value methods' configs), training episodes otherwise.
 # Usage: scripts/repeat_cartpole.sh CONFIG N [OUT_DIR] [extra --set args...]
+#   e.g. scripts/repeat_cartpole.sh configs/n_step_q_cartpole.toml 10 /tmp/nq --set early_stop=true
 set -u
 config=$1; n=$2; out=${3:-/tmp/repeat_cartpole}; shift 3 || shift $#
 mkdir -p "$out"
@@ -15,12 +17,13 @@ import sys
 import numpy as np
 from hpcrl.metrics import read_metrics
 path, seed, rc, wall = sys.argv[1:]
-e = read_metrics(path)["episodes"]
-r, f = e["return"], e["frames"]
+m = read_metrics(path)
+kind = "eval" if len(m["eval"]["return"]) else "episodes"
+r, f = m[kind]["return"], m[kind]["frames"]
 roll = np.convolve(r, np.ones(20) / 20, "valid") if len(r) >= 20 else np.array([])
 hit = np.flatnonzero(roll >= 195)
 reached = int(f[hit[0] + 19]) if hit.size else "never"
-print(f"seed {seed}: exit {rc}, reached 195 at frame {reached}, final mean(20) "
+print(f"seed {seed}: exit {rc}, {kind}: reached 195 at frame {reached}, final mean(20) "
       f"{roll[-1] if roll.size else float('nan'):.1f}, episodes {len(r)}, wall {wall} s", flush=True)
 PY
 done

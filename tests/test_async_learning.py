@@ -1,0 +1,47 @@
+"""Issue acceptance, in CI: each asynchronous method learns CartPole-v1 under mpiexec -n 4
+(1 ps + 3 actor-learners): the mean return of the last 20 episodes reaches 195 within 300,000
+agent steps over all actor-learners (CartPole: one agent step = one frame).
+
+Which episodes: the value methods' configs evaluate (each rank plays 5 episodes at epsilon 0.05
+every 2,500 of its steps) and are judged on those, because their training episodes are played
+at the paper's per-rank final epsilons {0.1, 0.01, 0.5}: a rank at 0.5 keeps a perfect policy's
+training returns far below 195. A3C is judged on its training episodes (it samples its policy).
+``early_stop`` ends each run when the mark is reached, so the test costs what learning costs.
+"""
+
+import numpy as np
+import pytest
+
+from hpcrl.metrics import read_metrics
+from tests.test_gorila import first_frame_reaching
+from tests.util import run_mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+BUDGET = 300_000
+
+
+@pytest.mark.parametrize("config, extra", [
+    ("one_step_q_cartpole", []),
+    ("one_step_sarsa_cartpole", []),
+    ("n_step_q_cartpole", []),
+    ("a3c_cartpole", []),
+    ("a3c_cartpole", ["lstm=true"]),
+], ids=["one_step_q", "one_step_sarsa", "n_step_q", "a3c_ff", "a3c_lstm"])
+def test_learns_cartpole_within_300k_agent_steps(config, extra, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["-m", "hpcrl.run", "--config", f"configs/{config}.toml", "--set", f"run_dir={run_dir}",
+            "--set", f"total_frames={BUDGET}", "--set", "early_stop=true"]
+    for item in extra:
+        args += ["--set", item]
+    proc, wall = run_mpi(4, args, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    m = read_metrics(run_dir / "metrics.h5")
+    kind = "eval" if config != "a3c_cartpole" else "episodes"
+    assert len(m[kind]["return"]) >= 20, kind
+    reached = first_frame_reaching(m[kind]["frames"], m[kind]["return"], 195.0)
+    print(f"{config} {extra}: {kind} mean(20) reached 195 at frame {reached}, {wall:.0f} s")
+    assert reached is not None and reached <= BUDGET
+    assert "[hpcrl] early stop: mean return of the last 20" in proc.stdout
+    # the run ended at the mark, not at the budget
+    assert int(m["train"]["frames"][-1]) < BUDGET
+    assert np.isfinite(m["train"]["loss"][-5:]).any()
