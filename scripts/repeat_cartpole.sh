@@ -20,8 +20,9 @@ path, seed, rc, wall = sys.argv[1:]
 m = read_metrics(path)
 kind = "eval" if len(m["eval"]["return"]) else "episodes"
 r, f = m[kind]["return"], m[kind]["frames"]
-roll = np.convolve(r, np.ones(20) / 20, "valid") if len(r) >= 20 else np.array([])
-hit = np.flatnonzero(roll >= 195)
+sums = np.convolve(r, np.ones(20), "valid") if len(r) >= 20 else np.array([])
+hit = np.flatnonzero(sums >= 195 * 20)        # sums of integer returns are exact
+roll = sums / 20
 reached = int(f[hit[0] + 19]) if hit.size else "never"
 print(f"seed {seed}: exit {rc}, {kind}: reached 195 at frame {reached}, final mean(20) "
       f"{roll[-1] if roll.size else float('nan'):.1f}, episodes {len(r)}, wall {wall} s", flush=True)

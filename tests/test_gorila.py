@@ -13,8 +13,8 @@ def first_frame_reaching(frames, returns, target, window=20):
     """Global frames at which the mean of the last `window` episode returns first >= target."""
     if len(returns) < window:
         return None
-    rolling = np.convolve(returns, np.ones(window) / window, "valid")
-    hits = np.flatnonzero(rolling >= target)
+    sums = np.convolve(returns, np.ones(window), "valid")   # exact for integer returns
+    hits = np.flatnonzero(sums >= target * window)
     return int(frames[hits[0] + window - 1]) if hits.size else None
 
 
