@@ -174,7 +174,7 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
 
 
 def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_dir,
-                 overrides: list[str] = ()) -> dict:
+                 overrides: list[str] = (), launcher_args: list[str] = ()) -> dict:
     """Run the algorithm's Pong config with 1 ps + ``n_workers`` actor-learners; frames/s over
     the window after ``warmup`` seconds, from the job's own metrics (train rows)."""
     import os
@@ -186,7 +186,7 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
     from hpcrl.metrics import read_metrics
 
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(n_workers + 1),
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", *launcher_args, "-n", str(n_workers + 1),
            sys.executable, "-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
            "--set", "n_ps=1", "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
            "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
@@ -251,16 +251,18 @@ def _a3c_bound(steps: int, t_max: int = 5) -> dict:
     return {"bound": 1.0 / (t_both + t_bwd), "bound_separate": 1.0 / (t_env + t_fwd + t_bwd)}
 
 
-def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str] = ()) -> dict:
+def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str] = (),
+                  launcher_args: list[str] = ()) -> dict:
     """frames/s with 1 and 2 actor-learners (plus one ps each), same config, one after the other."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        one = _measure_job(algo, 1, seconds, warmup, f"{tmp}/one", overrides)
-        two = _measure_job(algo, 2, seconds, warmup, f"{tmp}/two", overrides)
+        one = _measure_job(algo, 1, seconds, warmup, f"{tmp}/one", overrides, launcher_args)
+        two = _measure_job(algo, 2, seconds, warmup, f"{tmp}/two", overrides, launcher_args)
     bounds = _a3c_bound(300)
     steps_one = one["frames_per_s"] / 4                # Pong: 4 frames per agent step
     return {"bench": "scaling", "algo": algo, "seconds": seconds, "overrides": list(overrides),
+            "launcher_args": list(launcher_args),
             "frames_per_s_1": one["frames_per_s"], "frames_per_s_2": two["frames_per_s"],
             "speedup": two["frames_per_s"] / one["frames_per_s"],
             "actor_learner_steps_per_s": steps_one, "bound_steps_per_s": bounds["bound"],
@@ -322,13 +324,16 @@ def main(what: str, argv: list[str]) -> dict:
     p.add_argument("--warmup", type=float, default=15.0, help="scaling: seconds skipped")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="scaling: config overrides for both jobs (e.g. optimizer=sgd)")
+    p.add_argument("--launcher-args", default="",
+                   help="scaling: extra mpiexec arguments, e.g. '-bind-to core'")
     p.add_argument("--transitions", type=int, default=100_000, help="checkpoint: replay size")
     p.add_argument("--dir", default=None, help="checkpoint: where to write (default: tmp)")
     args = p.parse_args(argv)
     if what == "checkpoint":
         return bench_checkpoint(args.transitions, args.dir)
     if what == "scaling":
-        return bench_scaling(args.algo, args.seconds, args.warmup, args.set)
+        return bench_scaling(args.algo, args.seconds, args.warmup, args.set,
+                             args.launcher_args.split())
     if what == "actor":
         return bench_actor(args.game, args.steps, args.blocks)
     if what == "learner":

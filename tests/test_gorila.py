@@ -26,6 +26,21 @@ def test_first_frame_reaching_by_hand():
     assert first_frame_reaching(frames, returns, 99, window=2) is None
 
 
+def assert_pong_metrics(m, algo, total_frames):
+    """The metrics.h5 schema every algorithm writes (Gorila's; the A3C smoke run checks it too)."""
+    assert m["status"] == "finished"
+    assert m["attrs"]["algo"] == algo and m["attrs"]["game"] == "pong"
+    assert f"total_frames = {total_frames}" in m["attrs"]["config"]
+    for group in ("episodes", "eval", "train"):
+        assert group in m
+    for col in ("frames", "return", "length", "rank", "wall_time"):
+        assert col in m["episodes"]
+    for col in ("updates", "loss", "dropped_stale", "dropped_outlier", "dropped_nonfinite",
+                "frames_per_second"):
+        assert col in m["train"]
+    assert m["train"]["frames"][-1] >= total_frames
+
+
 def test_pong_smoke_writes_metrics(tmp_path):
     run_dir = tmp_path / "pong"
     proc, _ = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_pong.toml",
@@ -33,18 +48,8 @@ def test_pong_smoke_writes_metrics(tmp_path):
                       timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = read_metrics(run_dir / "metrics.h5")
-    assert m["status"] == "finished"
-    assert m["attrs"]["algo"] == "gorila" and m["attrs"]["game"] == "pong"
-    assert "total_frames = 20000" in m["attrs"]["config"]
-    for group in ("episodes", "eval", "train"):
-        assert group in m
-    for col in ("frames", "return", "length", "rank", "wall_time"):
-        assert col in m["episodes"]
+    assert_pong_metrics(m, "gorila", 20000)
     train = m["train"]
-    for col in ("updates", "loss", "dropped_stale", "dropped_outlier", "dropped_nonfinite",
-                "frames_per_second"):
-        assert col in train
-    assert train["frames"][-1] >= 20000
     assert (run_dir / "config.toml").exists()
     # the analysis tool on this real run: training episodes (no eval yet), Pong's no-op pair
     import json
