@@ -18,7 +18,19 @@ is the same array object for every client by construction.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+try:      # the fused C loop (hpcrl/_kernels.c), built by pip install when a compiler exists
+    from hpcrl import _kernels
+except ImportError:          # pragma: no cover - depends on the install
+    _kernels = None
+
+
+def fused_available() -> bool:
+    """Whether AdaGrad/RMSProp steps run as one fused C pass (HPCRL_NO_KERNELS=1 turns it off)."""
+    return _kernels is not None and not os.environ.get("HPCRL_NO_KERNELS")
 
 KINDS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client")
 
@@ -32,6 +44,7 @@ class ShardOptimizer:
             raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
         self.kind, self.decay, self.eps, self.momentum = kind, decay, eps, momentum
         self._tmp = np.empty(size, np.float32)
+        self.fused = fused_available()
         self.state: dict[str, np.ndarray] = {}
         if kind == "momentum":
             self.state["m"] = np.zeros((n_clients, size), np.float32)
@@ -62,6 +75,10 @@ class ShardOptimizer:
             np.multiply(grad, np.float32(1.0 - self.momentum), out=tmp)
             m += tmp
             np.multiply(m, np.float32(lr), out=tmp)
+        elif self.fused:
+            _kernels.scaled_step(theta_in, grad, self.statistics_for(client), theta_out,
+                                 self.decay, self.eps, lr, self.kind == "adagrad")
+            return
         else:
             acc = self.statistics_for(client)
             np.multiply(grad, grad, out=tmp)

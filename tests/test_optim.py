@@ -3,17 +3,29 @@
 import numpy as np
 import pytest
 
-from hpcrl.optim import KINDS, ShardOptimizer
+from hpcrl.optim import KINDS, ShardOptimizer, fused_available
 from tests.mpi.store_checks_reference import reference_updates
 
 
+@pytest.fixture(params=["fused", "numpy"])
+def path(request, monkeypatch):
+    """Run a test on the fused C loop and on the numpy fallback."""
+    if request.param == "fused":
+        if not fused_available():
+            pytest.fail("hpcrl._kernels is not built (pip install -e . with a C compiler)")
+    else:
+        monkeypatch.setenv("HPCRL_NO_KERNELS", "1")
+    return request.param
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_matches_reference(kind):
+def test_matches_reference(kind, path):
     rng = np.random.default_rng(0)
     n, ncl, lr = 50, 3, 0.1
     theta = rng.normal(size=n).astype(np.float32)
     grads = [(int(rng.integers(ncl)), rng.normal(size=n).astype(np.float32)) for _ in range(12)]
     opt = ShardOptimizer(kind, n, ncl, decay=0.9, eps=0.01, momentum=0.8)
+    assert opt.fused == (path == "fused")
     a, b = theta.copy(), np.empty_like(theta)
     for c, g in grads:
         opt.step(a, g, b, lr, c)
@@ -22,7 +34,7 @@ def test_matches_reference(kind):
     np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-6)
 
 
-def test_adagrad_by_hand():
+def test_adagrad_by_hand(path):
     # G = 4 after g = 2; step = 0.5 * 2 / sqrt(4 + 0) = 0.5
     opt = ShardOptimizer("adagrad", 1, 1, eps=0.0)
     out = np.empty(1, np.float32)
@@ -46,3 +58,13 @@ def test_state_round_trip_and_shape_check():
     np.testing.assert_array_equal(other.state["G"], [1, 1, 1])
     with pytest.raises(ValueError, match="shape"):
         ShardOptimizer("adagrad", 4, 1).set_state(opt.get_state())
+
+
+def test_fused_rejects_wrong_buffers():
+    from hpcrl import _kernels
+
+    f = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="differ in size"):
+        _kernels.scaled_step(f, f, f, np.zeros(3, np.float32), 0.9, 0.1, 1.0, False)
+    with pytest.raises(TypeError, match="float32"):
+        _kernels.scaled_step(f, np.zeros(4), f, f, 0.9, 0.1, 1.0, False)

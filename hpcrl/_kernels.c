@@ -1,0 +1,82 @@
+/* Fused parameter-server update rules (optional C extension; hpcrl.optim falls back to numpy).
+ *
+ * The numpy form of an AdaGrad / RMSProp step makes 8-9 passes over the shard (g*g, scale,
+ * accumulate, +eps, sqrt, divide, *lr, subtract), each writing a temporary. Here it is one pass
+ * reading theta_in, grad, acc and writing acc, theta_out: measured 1.6 -> 0.8 ms for a 677 k-float
+ * A3C shard. The ps rank of an asynchronous job applies every actor-learner's gradient, so this is
+ * the CPU it takes away from the actor-learners on a shared node.
+ *
+ * Arithmetic is float32 in the same order as the numpy path:
+ *   acc = decay * acc + (1 - decay) * g*g      (rmsprop)     acc = acc + g*g   (adagrad)
+ *   theta_out = theta_in - lr * (g / sqrt(acc + eps))
+ * GCC may contract a*b+c into an FMA, so results can differ from numpy in the last bit.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+
+static int get_f32(PyObject *obj, Py_buffer *view, int writable, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
+                           (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (view->itemsize != 4 || view->format == NULL || strcmp(view->format, "f") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous float32 buffer", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad) */
+static PyObject *scaled_step(PyObject *self, PyObject *args) {
+    PyObject *o_in, *o_g, *o_acc, *o_out;
+    float decay, eps, lr;
+    int adagrad;
+    if (!PyArg_ParseTuple(args, "OOOOfffp", &o_in, &o_g, &o_acc, &o_out, &decay, &eps, &lr,
+                          &adagrad))
+        return NULL;
+    Py_buffer b_in, b_g, b_acc, b_out;
+    if (get_f32(o_in, &b_in, 0, "theta_in") < 0) return NULL;
+    if (get_f32(o_g, &b_g, 0, "grad") < 0) { PyBuffer_Release(&b_in); return NULL; }
+    if (get_f32(o_acc, &b_acc, 1, "acc") < 0) {
+        PyBuffer_Release(&b_in); PyBuffer_Release(&b_g); return NULL;
+    }
+    if (get_f32(o_out, &b_out, 1, "theta_out") < 0) {
+        PyBuffer_Release(&b_in); PyBuffer_Release(&b_g); PyBuffer_Release(&b_acc); return NULL;
+    }
+    Py_ssize_t n = b_in.len / 4;
+    PyObject *result = NULL;
+    if (b_g.len / 4 != n || b_acc.len / 4 != n || b_out.len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "theta_in, grad, acc and theta_out differ in size");
+    } else {
+        const float *restrict th = (const float *)b_in.buf;
+        const float *restrict g = (const float *)b_g.buf;
+        float *restrict acc = (float *)b_acc.buf;
+        float *restrict out = (float *)b_out.buf;
+        const float a = adagrad ? 1.0f : decay, b = adagrad ? 1.0f : 1.0f - decay;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float gi = g[i];
+            float ai = a * acc[i] + b * (gi * gi);
+            acc[i] = ai;
+            out[i] = th[i] - lr * (gi / sqrtf(ai + eps));
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&b_in); PyBuffer_Release(&b_g);
+    PyBuffer_Release(&b_acc); PyBuffer_Release(&b_out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scaled_step", scaled_step, METH_VARARGS,
+     "scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad): one fused "
+     "AdaGrad (adagrad=True) or RMSProp step over float32 buffers of one size."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
+                                    "Fused ps update rules (see hpcrl/_kernels.c).", -1, methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
