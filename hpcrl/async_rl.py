@@ -53,13 +53,12 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from hpcrl import watchdog
 from hpcrl.config import Config
 from hpcrl.envs import StepResult, make_env
 from hpcrl.losses import a3c_loss, dqn_loss
 from hpcrl.networks import ParamLayout, reset_lstm_state
-from hpcrl.params.store import FRAMES, STEPS, TV, ParameterStore
-from hpcrl.policies import LinearSchedule, epsilon_greedy, linear_lr, sample_final_epsilon
+from hpcrl.params.store import FRAMES, STEPS, TV
+from hpcrl.policies import LinearSchedule, epsilon_greedy, learning_rate, sample_final_epsilon
 from hpcrl.coord import STOP_BUDGET
 from hpcrl.program import Context, build_network, env_kwargs, sub_state, with_prefix
 from hpcrl.replay import generator_state_from_array, generator_state_to_array
@@ -290,6 +289,11 @@ def sample_from_logits(logits: np.ndarray, rng: np.random.Generator) -> np.ndarr
     return np.minimum((u >= cdf).sum(axis=-1), logits.shape[-1] - 1).astype(np.int64)
 
 
+def _recurrent(net: torch.nn.Module) -> bool:
+    """Whether ``net`` carries an LSTM state between steps (A3C LSTM)."""
+    return getattr(net, "lstm", None) is not None
+
+
 def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
     """Run the actor-critic over a rollout, as the actor did, keeping the graph.
 
@@ -302,7 +306,7 @@ def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
         of T states; None entries for feed-forward nets), which bootstraps V(s_t[i]).
     """
     T, N = rollout.a_tm1.shape
-    if rollout.state0 is None and getattr(net, "initial_state", lambda n: None)(N) is None:
+    if not _recurrent(net):
         # feed-forward: one batched pass over all T * N states (one backward graph, not T)
         lg, v, _ = net(torch.from_numpy(_flat_batch(rollout.s_tm1)), None)
         return lg.reshape(T, N, -1), v.reshape(T, N), [None] * T
@@ -341,7 +345,7 @@ def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
     rollout instead of two). Recurrent nets unroll step by step.
     """
     T, N = rollout.a_tm1.shape
-    if rollout.state0 is not None or getattr(net, "initial_state", lambda n: None)(N) is not None:
+    if _recurrent(net):
         logits, values, after = unroll_actor_critic(net, rollout)
         return logits, values, actor_critic_bootstrap(net, rollout, after)
     cut = (rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)).reshape(-1)
@@ -484,30 +488,14 @@ def _set_policy_state(policy, state: dict) -> None:
 
 
 def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Generator) -> list:
-    """``eval_episodes`` evaluation episodes with the current parameters (no reward clipping,
-    no life-loss terminals): epsilon-greedy at ``eval_epsilon`` on Q for the value methods (the
-    DQN protocol: their training episodes mix in exploration up to epsilon 0.5, so they do not
-    show what was learned), sampling from the policy for A3C (its LSTM state reset per episode).
+    """Evaluation episodes (:func:`hpcrl.gorila.evaluate`): epsilon-greedy at ``eval_epsilon``
+    on Q for the value methods (the DQN protocol: their training episodes mix in exploration up
+    to epsilon 0.5, so they do not show what was learned), sampling from the policy for A3C
+    (its LSTM state reset per episode)."""
+    from hpcrl.gorila import evaluate as play
 
-    Returns:
-        (return, length in frames) of each episode.
-    """
-    if cfg.algo in VALUE_METHODS:
-        from hpcrl.gorila import evaluate as evaluate_q
-
-        return evaluate_q(net, cfg, seed, rng)
-    env = make_env(cfg.game, 1, seed, **env_kwargs(cfg, training=False))
-    policy = ActorCriticPolicy(net, 1, rng)
-    obs, results = env.reset(), []
-    while len(results) < cfg.eval_episodes:
-        watchdog.beat()
-        res = env.step(policy.act(obs))
-        policy.episode_end(res.episode_end)
-        if res.episode_end[0]:
-            results.append((float(res.episode_return[0]), int(res.episode_frames[0])))
-        obs = res.obs
-    env.close()
-    return results
+    policy = None if cfg.algo in VALUE_METHODS else ActorCriticPolicy(net, 1, rng)
+    return play(net, cfg, seed, rng, policy)
 
 
 def run_actor_learner(ctx: Context) -> None:
@@ -597,9 +585,7 @@ def run_actor_learner(ctx: Context) -> None:
             a_next = policy.act(obs)              # a' in s_T, taken first in the next rollout
         grad = learner.gradient(rollout, a_next)
         if grad is not None:
-            lr = (linear_lr(cfg.learning_rate, global_frames, cfg.total_frames)
-                  if cfg.lr_anneal else cfg.learning_rate)
-            store.push(grad, versions, lr)
+            store.push(grad, versions, learning_rate(cfg, global_frames))
         num_steps = cfg.t_max * n_env
         steps_after = store.add_global(STEPS, num_steps)
         if value_method and target_refresh_due(steps_after, num_steps, cfg.target_update_every):

@@ -73,27 +73,20 @@ def write_state(path: Path, state: dict) -> dict:
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
 
 
-def read_state(path: Path) -> dict[str, np.ndarray]:
-    """Read a rank file back into RAM (replay included: random HDF5 reads are too slow)."""
+def read_state(path: Path, cols: slice | None = None) -> dict[str, np.ndarray]:
+    """Read a rank file back into RAM (replay included: random HDF5 reads are too slow).
+
+    ``cols`` cuts every non-scalar dataset to ``[..., cols]`` on disk: a ps rank re-splitting
+    shards reads only the part it will host.
+    """
+    def take(obj):
+        return obj[()] if cols is None or obj.ndim == 0 else obj[..., cols]
+
     try:
         with h5py.File(path, "r") as f:
             out: dict[str, np.ndarray] = {}
-            f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
+            f.visititems(lambda name, obj: out.__setitem__(name, take(obj))
                          if isinstance(obj, h5py.Dataset) else None)
-            return out
-    except OSError as exc:
-        raise CheckpointError(f"{path}: unreadable checkpoint file ({exc})") from None
-
-
-def read_state_slice(path: Path, lo: int, hi: int) -> dict[str, np.ndarray]:
-    """Like :func:`read_state`, with every non-scalar dataset cut to ``[..., lo:hi]`` on disk
-    (a ps rank re-splitting shards reads only the part it will host)."""
-    try:
-        with h5py.File(path, "r") as f:
-            out: dict[str, np.ndarray] = {}
-            f.visititems(lambda name, obj: out.__setitem__(
-                name, obj[()] if obj.ndim == 0 else obj[..., lo:hi])
-                if isinstance(obj, h5py.Dataset) else None)
             return out
     except OSError as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint file ({exc})") from None

@@ -29,7 +29,7 @@ from hpcrl.losses import dqn_loss, q_learning_td
 from hpcrl.networks import ParamLayout
 from hpcrl.params.store import FRAMES, TV, ParameterStore
 from hpcrl.topology import Role
-from hpcrl.policies import LinearSchedule, LossOutlierFilter, epsilon_greedy, linear_lr
+from hpcrl.policies import LinearSchedule, LossOutlierFilter, epsilon_greedy, learning_rate
 from hpcrl.coord import STOP_BUDGET
 from hpcrl.program import ClientLink, Context, build_network, env_kwargs, sub_state, with_prefix
 from hpcrl.replay import (ReplayMemory, frame_layout, generator_state_from_array,
@@ -95,9 +95,13 @@ class GorilaLearner:
         return self.grad
 
 
-def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Generator) -> list:
+def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Generator,
+             policy=None) -> list:
     """``eval_episodes`` episodes with epsilon ``eval_epsilon``, no clipping, no life-loss
     terminals, no-op starts and the episode cap (Mnih et al. 2015 evaluation protocol).
+
+    ``policy`` (``act(obs) -> actions``, ``episode_end(end)``) replaces epsilon-greedy on
+    ``net``'s Q-values: A3C evaluates by sampling its actor-critic.
 
     Returns:
         (return, length in frames) of each episode.
@@ -106,9 +110,15 @@ def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Genera
     obs, results = env.reset(), []
     while len(results) < cfg.eval_episodes:
         watchdog.beat()
-        with torch.no_grad():
-            q = net(torch.from_numpy(obs)).numpy()
-        res = env.step(np.asarray(epsilon_greedy(q, cfg.eval_epsilon, rng)))
+        if policy is None:
+            with torch.no_grad():
+                q = net(torch.from_numpy(obs)).numpy()
+            actions = epsilon_greedy(q, cfg.eval_epsilon, rng)
+        else:
+            actions = policy.act(obs)
+        res = env.step(np.asarray(actions))
+        if policy is not None:
+            policy.episode_end(res.episode_end)
         if res.episode_end[0]:
             results.append((float(res.episode_return[0]), int(res.episode_frames[0])))
         obs = res.obs
@@ -229,12 +239,6 @@ class TargetTracker:
         if tv != self.version:
             self.store.pull_target(self.theta)
             self.version = tv
-
-
-def learning_rate(cfg: Config, global_frames: int) -> float:
-    """The lr sent with a gradient: constant, or annealed linearly to 0 over the budget."""
-    return (linear_lr(cfg.learning_rate, global_frames, cfg.total_frames) if cfg.lr_anneal
-            else cfg.learning_rate)
 
 
 def _send_stats(link: ClientLink, learner: GorilaLearner) -> None:

@@ -89,6 +89,14 @@ def linear_lr(lr0: float, frame: int, total_frames: int) -> float:
     return lr0 * max(0.0, 1.0 - frame / total_frames)
 
 
+def learning_rate(cfg, global_frames: int) -> float:
+    """The lr a client sends with a gradient (``cfg``: hpcrl.config.Config): ``learning_rate``,
+    annealed by :func:`linear_lr` over ``total_frames`` when ``lr_anneal``."""
+    if cfg.lr_anneal:
+        return linear_lr(cfg.learning_rate, global_frames, cfg.total_frames)
+    return cfg.learning_rate
+
+
 class LossOutlierFilter:
     """Gorila's loss-outlier rule (Nair et al. 2015, §4): drop gradients with unusually large loss.
 

@@ -152,7 +152,7 @@ def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
                      "move that directory aside to start this run over")
         if found is not None:
             gen, manifest = found
-            why = layout_change_error(manifest.get("roles", []), [r.value for r in layout.roles])
+            why = layout_change_error(manifest.get("roles", []), layout.role_names())
             if why:
                 error = f"checkpoint generation {gen} in {run_dir} {why}"
             elif manifest.get("n_params") != n_params:
@@ -171,7 +171,7 @@ def load_rank_state(root: Path, gen: int, manifest: dict, layout: Layout, rank: 
     file of the old worker at its position (hpcrl.reshard)."""
     from hpcrl import checkpoint as ck
 
-    old_roles, new_roles = manifest["roles"], [r.value for r in layout.roles]
+    old_roles, new_roles = manifest["roles"], layout.role_names()
     if old_roles == new_roles:
         return ck.read_state(ck.rank_file(root, gen, rank))
     if layout.roles[rank] != Role.PS:
@@ -179,7 +179,7 @@ def load_rank_state(root: Path, gen: int, manifest: dict, layout: Layout, rank: 
     old_ps = [i for i, r in enumerate(old_roles) if r == "ps"]
     pieces = shard_pieces(n_params, len(old_ps), len(layout.ps_ranks),
                           layout.ps_ranks.index(rank))
-    return merge_pieces([ck.read_state_slice(ck.rank_file(root, gen, old_ps[j]), lo, hi)
+    return merge_pieces([ck.read_state(ck.rank_file(root, gen, old_ps[j]), slice(lo, hi))
                          for j, lo, hi in pieces])
 
 
@@ -357,7 +357,6 @@ def with_prefix(prefix: str, state: dict) -> dict:
 
 def run(comm: MPI.Comm, cfg: Config, layout: Layout, force_new: bool = False) -> int:
     """Build and run this rank's role; returns the exit status."""
-    from hpcrl import checkpoint as ck
     from hpcrl.coord import STOP_SIGNAL, Coordinator
     from hpcrl.run import EXIT_REQUEUE
 
@@ -389,7 +388,7 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, force_new: bool = False) ->
     if rank == 0 and found:
         old_n_ps = manifest["roles"].count("ps")
         moved = (f", its {old_n_ps} parameter shards re-split over {len(layout.ps_ranks)} ps ranks"
-                 if manifest["roles"] != [r.value for r in layout.roles] else "")
+                 if manifest["roles"] != layout.role_names() else "")
         print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
               f"{manifest['frames']:,}{moved}", flush=True)
     store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
@@ -401,7 +400,7 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, force_new: bool = False) ->
 
             load_shard_state(store, opt, state)
     store.initialize(None if found else theta0)
-    info = dict(roles=[r.value for r in layout.roles], world_size=layout.world_size,
+    info = dict(roles=layout.role_names(), world_size=layout.world_size,
                 n_params=n_params, algo=cfg.algo, game=cfg.game, seed=cfg.seed,
                 hpcrl_version=__version__)
     coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,

@@ -65,6 +65,10 @@ class Layout:
     def index_in_role(self, rank: int) -> int:
         return self.ranks_of(self.roles[rank]).index(rank)
 
+    def role_names(self) -> list[str]:
+        """``roles`` as strings, as checkpoint manifests record them."""
+        return [r.value for r in self.roles]
+
     def counts(self) -> dict[str, int]:
         return {role.value: len(self.ranks_of(role)) for role in Role if self.ranks_of(role)}
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hpcrl.metrics import read_metrics
-from tests.test_gorila import assert_pong_metrics, first_frame_reaching
+from tests.test_gorila import first_frame_reaching, pong_smoke_run
 from tests.util import run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -23,13 +23,7 @@ BUDGET = 300_000
 def test_a3c_pong_smoke_writes_gorila_schema(tmp_path):
     """Issue acceptance: mpiexec -n 3 (1 ps + 2 actor-learners) A3C on Pong for 20,000 frames
     exits 0 and writes metrics.h5 with the same schema as Gorila."""
-    run_dir = tmp_path / "pong"
-    proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", "configs/a3c_pong.toml",
-                          "--set", "total_frames=20000", "--set", f"run_dir={run_dir}"],
-                      timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    m = read_metrics(run_dir / "metrics.h5")
-    assert_pong_metrics(m, "a3c", 20000)
+    _, m = pong_smoke_run(tmp_path, "a3c", 3)
     assert len(m["episodes"]["return"]) >= 2          # Pong episodes are >= 3,000 frames here
     assert (m["episodes"]["return"] >= -21).all() and (m["episodes"]["return"] <= 21).all()
     assert int(m["train"]["updates"][-1]) >= 20000 // 4 // 5 - 10   # one push per 5 steps

@@ -41,14 +41,21 @@ def assert_pong_metrics(m, algo, total_frames):
     assert m["train"]["frames"][-1] >= total_frames
 
 
-def test_pong_smoke_writes_metrics(tmp_path):
+def pong_smoke_run(tmp_path, algo, n, total_frames=20000):
+    """``mpiexec -n n`` of configs/<algo>_pong.toml for ``total_frames``: exit 0 and the common
+    metrics schema; returns (run dir, metrics)."""
     run_dir = tmp_path / "pong"
-    proc, _ = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_pong.toml",
-                          "--set", "total_frames=20000", "--set", f"run_dir={run_dir}"],
+    proc, _ = run_mpi(n, ["-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
+                          "--set", f"total_frames={total_frames}", "--set", f"run_dir={run_dir}"],
                       timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = read_metrics(run_dir / "metrics.h5")
-    assert_pong_metrics(m, "gorila", 20000)
+    assert_pong_metrics(m, algo, total_frames)
+    return run_dir, m
+
+
+def test_pong_smoke_writes_metrics(tmp_path):
+    run_dir, m = pong_smoke_run(tmp_path, "gorila", 4)
     train = m["train"]
     assert (run_dir / "config.toml").exists()
     # the analysis tool on this real run: training episodes (no eval yet), Pong's no-op pair
