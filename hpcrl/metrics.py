@@ -194,14 +194,16 @@ def _open_for_read(path: str) -> h5py.File:
     """
     if not os.path.exists(path):
         raise MetricsError(f"{path}: no such metrics file")
+    last = None
     for attempt in range(_LOCK_RETRIES):
         try:
             return _open_once(path)
         except OSError as exc:
             if not _is_lock_error(exc):
                 raise MetricsError(f"{path}: unreadable metrics file ({exc})") from None
+            last = exc                       # `exc` itself is unbound after the except block
             time.sleep(_LOCK_SLEEP_S * (1 + attempt // 5))
-    raise MetricsError(f"{path}: locked by another process for too long ({exc})") from None
+    raise MetricsError(f"{path}: locked by another process for too long ({last})") from None
 
 
 def _read_open_file(f: h5py.File) -> dict[str, Any]:
