@@ -81,10 +81,12 @@ def test_pong_smoke_writes_metrics(tmp_path):
 @pytest.mark.slow
 def test_cartpole_learns_within_100k_agent_steps(tmp_path):
     """Issue acceptance: mean of the last 20 training episodes >= 195 within 100,000 agent steps
-    over all actors (CartPole: one agent step = one frame)."""
+    over all actors (CartPole: one agent step = one frame). ``early_stop`` ends the run once
+    rank 0 sees the mark, which the episodes on disk must confirm."""
     run_dir = tmp_path / "cp"
     proc, wall = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
-                             "--set", f"run_dir={run_dir}"], timeout=900)
+                             "--set", f"run_dir={run_dir}", "--set", "early_stop=true"],
+                         timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     eps = read_metrics(run_dir / "metrics.h5")["episodes"]
     reached = first_frame_reaching(eps["frames"], eps["return"], 195.0)
