@@ -523,12 +523,17 @@ def run_actor_learner(ctx: Context) -> None:
         policy = ActorCriticPolicy(net, n_env, rng)
     frames_per_step = env.frames_per_step * n_env
     global_frames = store.read_word(0, FRAMES)              # > 0 after a resume
+    # The shared frame counter takes one atomic add per rollout, not per step (each is a
+    # lock-protected RMA atomic on the ps; 3 ranks on 2 cores made them ~60 us apiece). An
+    # episode is stamped with the last counter value this rank saw plus its own frames since.
+    rollout_frames = 0
 
     def on_step(res: StepResult) -> None:
-        nonlocal global_frames
-        global_frames = store.add_global(FRAMES, frames_per_step)
+        nonlocal rollout_frames
+        rollout_frames += frames_per_step
         for i in np.flatnonzero(res.episode_end):
-            link.episode(global_frames, float(res.episode_return[i]), int(res.episode_frames[i]))
+            link.episode(global_frames + rollout_frames, float(res.episode_return[i]),
+                         int(res.episode_frames[i]))
 
     obs = env.reset()
     a_next = None
@@ -581,15 +586,18 @@ def run_actor_learner(ctx: Context) -> None:
                 store.pull_target(theta_target)
                 target_version = tv
         rollout, obs = collect_rollout(env, obs, policy, cfg.t_max, on_step, a_next)
+        global_frames = store.add_global(FRAMES, rollout_frames)
+        rollout_frames = 0
         if cfg.algo == "one_step_sarsa":
             a_next = policy.act(obs)              # a' in s_T, taken first in the next rollout
         grad = learner.gradient(rollout, a_next)
         if grad is not None:
             store.push(grad, versions, learning_rate(cfg, global_frames))
-        num_steps = cfg.t_max * n_env
-        steps_after = store.add_global(STEPS, num_steps)
-        if value_method and target_refresh_due(steps_after, num_steps, cfg.target_update_every):
-            store.request_target_refresh()
+        if value_method:                      # the shared step counter of I_target
+            num_steps = cfg.t_max * n_env
+            steps_after = store.add_global(STEPS, num_steps)
+            if target_refresh_due(steps_after, num_steps, cfg.target_update_every):
+                store.request_target_refresh()
         versions = store.pull(theta)
         rollouts += 1
         if rollouts % 64 == 0:

@@ -118,6 +118,12 @@ class ParameterStore:
             self.hdr[...] = 0
         for win in self._wins:
             win.Lock_all(MPI.MODE_NOCHECK)
+        # A ps rank reads its own header words, and writes those only it writes, with plain
+        # loads/stores plus Win_sync (a memory barrier) instead of MPI atomics on itself: with
+        # MPICH those take a lock that the clients' atomics contend for, and on an
+        # oversubscribed node they cost the ps ~100 us each (measured: 14 % of its time, more
+        # than applying the gradients). Only valid in the unified memory model.
+        self._local_hdr = own and self.win_hdr.model == MPI.WIN_UNIFIED
         self._res = np.zeros(max(self.n_ps, 1), np.int64)
         self._res2 = np.zeros(max(self.n_ps, 1), np.int64)
         self._word = np.zeros(1, np.int64)
@@ -144,7 +150,19 @@ class ParameterStore:
         return int(out[0])
 
     def read_word(self, shard: int, word: int) -> int:
+        if shard == self.shard and self._local_hdr:
+            self.win_hdr.Sync()
+            return int(self.hdr[word])
         return self._atomic(shard, word, 0, MPI.NO_OP)
+
+    def write_own_word(self, word: int, value: int) -> None:
+        """Set a header word of this rank's shard that no other rank writes concurrently
+        (versions, drop counters, a client's flag the ps clears)."""
+        if self._local_hdr:
+            self.hdr[word] = value
+            self.win_hdr.Sync()
+        else:
+            self._atomic(self.shard, word, value, MPI.REPLACE)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, theta0: np.ndarray | None) -> None:
@@ -295,20 +313,30 @@ class ShardServer:
         self.targets_served = int(store.hdr[TARGET_REQ])
 
     def _set(self, word: int, value: int) -> None:
-        self.store._atomic(self.store.shard, word, value, MPI.REPLACE)
+        """Only the ps writes the words it sets (versions, its drop and apply counters)."""
+        self.store.write_own_word(word, value)
 
     def _add(self, word: int, n: int = 1) -> None:
-        self.store._atomic(self.store.shard, word, n, MPI.SUM)
+        self._set(word, self.store.read_word(self.store.shard, word) + n)
 
     def _read_flags(self) -> np.ndarray:
         win = self.store.win_hdr
+        if self.store._local_hdr:
+            win.Sync()
+            self._flags[:] = self.store.hdr[HDR_WORDS:HDR_WORDS + self._ncl]
+            return self._flags
         win.Get_accumulate(self._zeros, self._flags, self.me, (HDR_WORDS, self._ncl, MPI.INT64_T),
                            MPI.NO_OP)
         win.Flush(self.me)
         return self._flags
 
     def poll(self) -> int:
-        """Process every full inbox once; returns how many gradients were taken."""
+        """Process every full inbox once; returns how many gradients were taken.
+
+        Enters MPI once per call even when the header is read locally: MPICH progresses
+        messages only inside MPI calls, and a rank's eager sends to this rank (rank 0 is a ps
+        and receives the metrics) block once the shared-memory cells fill up."""
+        self.store.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
         flags = self._read_flags()
         taken = 0
         for client in np.flatnonzero(flags):
@@ -330,7 +358,7 @@ class ShardServer:
             self._add(STALE)
         else:
             self._apply(grad, lr, client)
-        self.store._atomic(self.store.shard, HDR_WORDS + client, 0, MPI.REPLACE)
+        self._set(HDR_WORDS + client, 0)        # the client writes it only while it is 0
 
     def _apply(self, grad: np.ndarray, lr: float, client: int) -> None:
         v, par = self.version, self.store.par
