@@ -112,3 +112,19 @@ def test_bench_actor_and_learner_print_json(what, args, keys):
     assert result["bench"] == what and all(result[k] > 0 for k in keys)
     if what == "learner":
         assert result["bytes_per_transition"] < 7300      # 84x84 frames stored once
+
+
+@pytest.mark.mpi
+def test_bench_scaling_prints_json():
+    """A short `bench scaling` (two real A3C Pong jobs of a few seconds each): the JSON contract
+    that the README's figures come from. Speed itself is the benchmark's business, not a test's."""
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.bench", "scaling", "--algo", "a3c",
+                           "--seconds", "4", "--warmup", "4"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "scaling" and len(result["bound_blocks_steps_per_s"]) == 3
+    assert result["frames_per_s_1"] > 0 and result["frames_per_s_2"] > 0
+    assert result["speedup"] == pytest.approx(result["frames_per_s_2"] / result["frames_per_s_1"])
+    assert result["fraction"] == pytest.approx(
+        result["actor_learner_steps_per_s"] / result["bound_steps_per_s"])
