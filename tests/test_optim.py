@@ -68,3 +68,23 @@ def test_fused_rejects_wrong_buffers():
         _kernels.scaled_step(f, f, f, np.zeros(3, np.float32), 0.9, 0.1, 1.0, False)
     with pytest.raises(TypeError, match="float32"):
         _kernels.scaled_step(f, np.zeros(4), f, f, 0.9, 0.1, 1.0, False)
+
+
+@pytest.mark.parametrize("offset", range(4))
+@pytest.mark.parametrize("n", [1, 3, 7, 50, 1003])
+def test_fused_kernel_at_every_alignment(offset, n):
+    """The C loop's vector body streams theta_out from a 16-byte boundary on: a scalar head
+    before it and a scalar tail after it must give the same float32 numbers as numpy."""
+    from hpcrl import _kernels
+
+    rng = np.random.default_rng(n + offset)
+    theta, g = rng.normal(size=(2, n)).astype(np.float32)
+    acc = rng.random(n).astype(np.float32)
+    out_buf = np.full(n + 8, 7.0, np.float32)
+    out = out_buf[offset:offset + n]
+    expect_acc = np.float32(0.9) * acc + np.float32(0.1) * (g * g)
+    expect = theta - np.float32(0.01) * (g / np.sqrt(expect_acc + np.float32(1e-3)))
+    _kernels.scaled_step(theta, g, acc, out, 0.9, 1e-3, 0.01, False)
+    np.testing.assert_allclose(acc, expect_acc, rtol=1e-6)
+    np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-7)
+    assert (out_buf[:offset] == 7).all() and (out_buf[offset + n:] == 7).all()   # no overrun
