@@ -7,6 +7,12 @@ every 2,500 of its steps) and are judged on those, because their training episod
 at the paper's per-rank final epsilons {0.1, 0.01, 0.5}: a rank at 0.5 keeps a perfect policy's
 training returns far below 195. A3C is judged on its training episodes (it samples its policy).
 ``early_stop`` ends each run when the mark is reached, so the test costs what learning costs.
+
+A3C LSTM (``configs/a3c_lstm_cartpole.toml``) is not here: the issue asks for it in CI only if it
+fits, and it is not reliable enough for a gate. It reached 195 on 20 of 20 seeds with
+``scripts/repeat_cartpole.sh`` but missed once in 3 batch runs of this file (2026-11-30), and
+a CI failure blocks every change. Its machinery (state reset through the rollout code, a short
+``lstm=true`` run under mpiexec) is tested in ``tests/test_async_rl.py``.
 """
 
 import numpy as np
@@ -35,8 +41,7 @@ def test_a3c_pong_smoke_writes_gorila_schema(tmp_path):
     ("one_step_sarsa_cartpole", []),
     ("n_step_q_cartpole", []),
     ("a3c_cartpole", []),
-    ("a3c_lstm_cartpole", []),
-], ids=["one_step_q", "one_step_sarsa", "n_step_q", "a3c_ff", "a3c_lstm"])
+], ids=["one_step_q", "one_step_sarsa", "n_step_q", "a3c_ff"])
 def test_learns_cartpole_within_300k_agent_steps(config, extra, tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "hpcrl.run", "--config", f"configs/{config}.toml", "--set", f"run_dir={run_dir}",
