@@ -156,10 +156,21 @@ def latest_complete(root: Path, warn=print) -> tuple[int, dict] | None:
 def prune(root: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` complete generations, and incomplete ones older than
     the newest complete one."""
+    root = Path(root)
+    for trash in root.glob(".trash-gen-*"):                # a prune killed half-way before
+        shutil.rmtree(trash, ignore_errors=True)
     gens = generations(root)
     complete = [g for g in gens if (gen_dir(root, g) / MANIFEST).exists()]
     keep_set = set(complete[-keep:])
     newest = complete[-1] if complete else -1
     for g in gens:
         if g not in keep_set and g < newest:
-            shutil.rmtree(gen_dir(root, g), ignore_errors=True)
+            # Rename first (atomic), then delete: a job killed inside rmtree must not leave a
+            # generation that still has its manifest but lacks files (seen in the 20-kill
+            # chaos run: gen 145 kept MANIFEST.json and 1 of its 4 rank files).
+            trash = root / f".trash-{gen_dir(root, g).name}"
+            try:
+                os.rename(gen_dir(root, g), trash)
+            except OSError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Chaos test: SIGKILL the whole job at random moments, restart it, check nothing is lost.
 
     python scripts/chaos.py --kills 20 [--config configs/gorila_cartpole.toml] [--np 4]
-        [--total-frames 30000] [--run-dir /tmp/hpcrl-chaos] [--seed 0]
+        [--total-frames 400000] [--run-dir /tmp/hpcrl-chaos] [--seed 0]
 
 Each round starts ``mpiexec -n NP python -m hpcrl.run`` in its own process group with a
 checkpoint every ~1 s, waits a random 6-20 s (start-up, stepping, checkpoint writes alike) and
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--config", default="configs/gorila_cartpole.toml")
     p.add_argument("--np", type=int, default=4)
-    p.add_argument("--total-frames", type=int, default=30_000)
+    p.add_argument("--total-frames", type=int, default=400_000)   # outlasts 20 kills
     p.add_argument("--run-dir", default="/tmp/hpcrl-chaos")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-s", type=float, default=6.0)
@@ -114,6 +114,10 @@ def main(argv=None) -> int:
         print(f"round {k:>2}: killed after {wait:4.1f} s; newest complete generation {gen} at "
               f"{frames:,} frames (before: {prev_gen} at {prev_frames:,})", flush=True)
         prev_gen, prev_frames = gen, frames
+        if frames >= args.total_frames and k < args.kills:
+            raise AssertionError(f"round {k}: the run reached its budget of "
+                                 f"{args.total_frames:,} frames before the last kill; later "
+                                 "kills would only restart a finished run: raise --total-frames")
     job = start(args, log)
     rc = job.wait(timeout=1800)
     text = log.read_text()

@@ -11,8 +11,11 @@ pytestmark = pytest.mark.mpi
 
 
 def test_sigkill_restarts_lose_nothing(tmp_path):
+    # 2 kills at 6-12 s each cannot spend 40,000 frames (chaos.py fails if the budget is
+    # reached before the last kill: the later kills would hit a finished run)
     proc = subprocess.run([sys.executable, "scripts/chaos.py", "--kills", "2", "--total-frames",
-                           "6000", "--run-dir", str(tmp_path / "run"), "--seed", "1"],
+                           "40000", "--max-s", "12", "--run-dir", str(tmp_path / "run"),
+                           "--seed", "1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "chaos: 2 kills" in proc.stdout and "every check held" in proc.stdout

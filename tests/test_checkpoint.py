@@ -1,5 +1,8 @@
 """Checkpoint generations: complete-or-absent, fallback past damaged files, pruning."""
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -65,6 +68,30 @@ def test_prune_keeps_newest_complete(tmp_path):
     ck.write_state(ck.rank_file(tmp_path, 5, 0), {"x": np.zeros(1)})   # in progress: kept
     ck.prune(tmp_path, keep=2)
     assert ck.generations(tmp_path) == [3, 4, 5]
+
+
+def test_prune_killed_half_way_leaves_no_damaged_generation(tmp_path, monkeypatch):
+    """A SIGKILL inside prune's delete (simulated: rmtree removes one file, then the process
+    'dies') must leave every generation that has a manifest whole; the next prune cleans up."""
+    for g in (1, 2, 3):
+        make_gen(tmp_path, g, ranks=2)
+    real_rmtree = shutil.rmtree
+
+    def killed_rmtree(path, ignore_errors=False):
+        next(p for p in Path(path).iterdir() if p.suffix == ".h5").unlink()
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(shutil, "rmtree", killed_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        ck.prune(tmp_path, keep=1)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    for g in ck.generations(tmp_path):
+        if (ck.gen_dir(tmp_path, g) / ck.MANIFEST).exists():
+            ck.verify(tmp_path, g)                     # raises on a missing or damaged file
+    assert ck.latest_complete(tmp_path)[0] == 3
+    ck.prune(tmp_path, keep=1)
+    assert ck.generations(tmp_path) == [3] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "gen-000003"]
 
 
 def test_unreadable_file_is_a_clear_error(tmp_path):
