@@ -168,9 +168,10 @@ def prune(root: Path, keep: int) -> None:
             # Rename first (atomic), then delete: a job killed inside rmtree must not leave a
             # generation that still has its manifest but lacks files (seen in the 20-kill
             # chaos run: gen 145 kept MANIFEST.json and 1 of its 4 rank files).
-            trash = root / f".trash-{gen_dir(root, g).name}"
+            doomed = gen_dir(root, g)
+            trash = root / f".trash-{doomed.name}"
             try:
-                os.rename(gen_dir(root, g), trash)
+                os.rename(doomed, trash)
             except OSError:
                 continue
             shutil.rmtree(trash, ignore_errors=True)

@@ -73,8 +73,8 @@ def test_fused_rejects_wrong_buffers():
 @pytest.mark.parametrize("offset", range(4))
 @pytest.mark.parametrize("n", [1, 3, 7, 50, 1003])
 def test_fused_kernel_at_every_alignment(offset, n):
-    """The C loop's vector body streams theta_out from a 16-byte boundary on: a scalar head
-    before it and a scalar tail after it must give the same float32 numbers as numpy."""
+    """The C loop on views that start at any float offset and have odd lengths gives numpy's
+    float32 numbers and writes nothing outside the view (a guard for vectorised variants)."""
     from hpcrl import _kernels
 
     rng = np.random.default_rng(n + offset)

@@ -293,8 +293,8 @@ class ParameterStore:
 class ShardServer:
     """The loop of a ps rank: apply or drop the gradients that arrive in its shard's inboxes.
 
-    Stays inside MPI every ``idle_sleep_s`` at most while idle (one atomic read of the flags per
-    poll), so it neither stalls RMA progress nor burns a core.
+    Enters MPI every ``idle_sleep_s`` at most while idle (one ``Iprobe`` per poll; the flags are
+    read from local memory), so it neither stalls progress nor burns a core.
     """
 
     def __init__(self, store: ParameterStore, optimizer: ShardOptimizer, *,
