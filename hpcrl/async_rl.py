@@ -261,15 +261,19 @@ def value_targets(algo: str, rollout: Rollout, q_t: np.ndarray, gamma: float,
     raise ValueError(f"not a value-based async method: {algo!r}")
 
 
-def clip_by_global_norm(grad: np.ndarray, max_norm: float) -> float:
-    """Scale ``grad`` in place so that its L2 norm is at most ``max_norm`` (0 = no clipping).
+def clip_by_global_norm(grad: np.ndarray | list[np.ndarray], max_norm: float) -> float:
+    """Scale ``grad`` (one array or the pieces of one vector) in place so that its global L2
+    norm is at most ``max_norm`` (0 = no clipping).
 
     Returns:
         The norm before clipping.
     """
-    norm = float(np.sqrt(np.dot(grad, grad)))      # float32 BLAS dot: no float64 copies
+    pieces = [grad] if isinstance(grad, np.ndarray) else grad
+    # float32 BLAS dots (no float64 copies), summed in float64
+    norm = float(np.sqrt(sum(float(np.dot(g, g)) for g in pieces)))
     if max_norm > 0 and norm > max_norm:
-        grad *= np.float32(max_norm / norm)
+        for g in pieces:
+            g *= np.float32(max_norm / norm)
     return norm
 
 
@@ -409,14 +413,14 @@ class ActorCriticPolicy:
 
 # ---------------------------------------------------------------------------------------- learner
 class AsyncLearner:
-    """The gradient of one rollout as a flat vector, for any of the four methods."""
+    """The gradient of one rollout, for any of the four methods, as the flat vector in pieces
+    (one per parameter, see ``ParamLayout.grad_pieces``)."""
 
     def __init__(self, net: torch.nn.Module, target: torch.nn.Module | None, cfg: Config):
         self.net, self.target, self.cfg = net, target, cfg
         self.layout = ParamLayout.from_module(net)
-        self.grad = np.zeros(self.layout.size, np.float32)
-        self.layout.bind_grads(net, self.grad)          # backward() writes the flat gradient
         self.loss_sum, self.loss_count, self.updates, self.dropped_nonfinite = 0.0, 0, 0, 0
+        self.sq_norm = 0.0
 
     def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
         """Summed loss of the rollout's transitions (the paper accumulates their gradients)."""
@@ -436,23 +440,33 @@ class AsyncLearner:
         td = torch.from_numpy(y.reshape(-1)) - q_a
         return dqn_loss(td, self.cfg.loss) * td.shape[0]
 
-    def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None) -> np.ndarray | None:
-        """Flat, norm-clipped gradient of `loss`, or None if it is not finite."""
+    def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None
+                 ) -> list[np.ndarray] | None:
+        """Norm-clipped gradient of `loss` in pieces (valid until the next call), or None if it
+        is not finite.
+
+        Backward writes fresh ``.grad`` tensors (``set_to_none``) that are pushed as they are:
+        accumulating into a zeroed flat buffer instead cost 0.45 ms more per A3C Pong rollout
+        (zeroing 2.7 MB, then an add where a fresh tensor is simply kept).
+        """
         loss = self.loss(rollout, a_next)
         value = float(loss.detach())
         if not np.isfinite(value):
             self.dropped_nonfinite += 1
             return None
-        self.net.zero_grad(set_to_none=False)
+        self.net.zero_grad(set_to_none=True)
         loss.backward()
-        norm = clip_by_global_norm(self.grad, self.cfg.grad_clip_norm)
+        grad = self.layout.grad_pieces(self.net)
+        norm = clip_by_global_norm(grad, self.cfg.grad_clip_norm)
         if not np.isfinite(norm):
             self.dropped_nonfinite += 1
             return None
+        clipped = min(norm, self.cfg.grad_clip_norm) if self.cfg.grad_clip_norm > 0 else norm
+        self.sq_norm = clipped * clipped          # of the gradient returned; push tells the ps
         self.loss_sum += value
         self.loss_count += 1
         self.updates += 1
-        return self.grad
+        return grad
 
 
 def _flat_batch(x: np.ndarray) -> np.ndarray:
@@ -592,7 +606,7 @@ def run_actor_learner(ctx: Context) -> None:
             a_next = policy.act(obs)              # a' in s_T, taken first in the next rollout
         grad = learner.gradient(rollout, a_next)
         if grad is not None:
-            store.push(grad, versions, learning_rate(cfg, global_frames))
+            store.push(grad, versions, learning_rate(cfg, global_frames), learner.sq_norm)
         if value_method:                      # the shared step counter of I_target
             num_steps = cfg.t_max * n_env
             steps_after = store.add_global(STEPS, num_steps)

@@ -261,6 +261,16 @@ class ParamLayout:
         for p, o in zip(self._params(module), self.offsets):
             p.grad = base[o:o + p.numel()].view(p.shape)
 
+    def grad_pieces(self, module: nn.Module) -> list[np.ndarray]:
+        """Each parameter's gradient as a flat float32 numpy view (zeros where it has none), in
+        layout order: the flat gradient in pieces, for ``ParameterStore.push`` without a copy.
+
+        The views share memory with the ``.grad`` tensors, so they stay valid until the next
+        ``zero_grad(set_to_none=True)`` + ``backward()`` replaces those.
+        """
+        return [np.zeros(p.numel(), np.float32) if p.grad is None
+                else p.grad.detach().numpy().reshape(-1) for p in self._params(module)]
+
     def grads_to_flat(self, module: nn.Module, out: np.ndarray) -> np.ndarray:
         """Copy the gradients into `out`; zeros for parameters with no gradient."""
         self._check_flat(out)

@@ -125,7 +125,7 @@ def test_one_step_gradient_equals_per_step_accumulation():
     r = rng.normal(size=(T, 1)).astype(np.float32) * 3
     d = col(1, 1, 0, 1, 1)
     rollout = Rollout(s_tm1, a, r, d, d == 0, s_t)
-    grad = AsyncLearner(net, target, cfg).gradient(rollout).copy()
+    grad = np.concatenate(AsyncLearner(net, target, cfg).gradient(rollout))
     net.zero_grad()
     for i in range(T):                       # the paper's loop, one transition at a time
         with torch.no_grad():
@@ -259,6 +259,9 @@ def test_clip_by_global_norm():
     g = np.array([3, 4], np.float32)
     clip_by_global_norm(g, 0.0)
     np.testing.assert_array_equal(g, [3, 4])
+    pieces = [np.array([3], np.float32), np.array([], np.float32), np.array([12, 4], np.float32)]
+    assert clip_by_global_norm(pieces, 6.5) == pytest.approx(13.0)       # sqrt(9 + 144 + 16)
+    np.testing.assert_allclose(np.concatenate(pieces), [1.5, 6.0, 2.0], rtol=1e-6)
 
 
 def test_target_refresh_due_once_per_multiple():

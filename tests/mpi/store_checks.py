@@ -47,25 +47,31 @@ def finish(store, name):
 
 
 def check_exact_sums(n_ps: int) -> None:
-    """K pushes of (c + 1) * ones from each client c with SGD, lr = 1: theta = -K * sum(c + 1)."""
+    """K pushes of (c + 1) * pattern from each client c with SGD, lr = 1:
+    theta = 7 - K * sum(c + 1) * pattern, pattern[i] = 1 + i % 7 (so a float in the wrong place
+    shows). Odd clients push the gradient as 3 pieces whose cuts fall inside shards."""
     n, k = 100_003, 20
+    pattern = (1 + np.arange(n) % 7).astype(np.float32)
     store = make_store(n, n_ps)
     store.initialize(np.full(n, 7.0, np.float32) if store.client == 0 else None)
     if store.shard is not None:
         serve(store)
     else:
         theta = np.empty(n, np.float32)
+        grad = (store.client + 1) * pattern
+        if store.client % 2:
+            grad = np.split(grad, [17, n // 2 + 3])
         for _ in range(k):
             versions = store.pull(theta)
-            store.push(np.full(n, store.client + 1, np.float32), versions, 1.0)
+            store.push(grad, versions, 1.0)
         store.done()
     comm.Barrier()
     if store.client is not None:
         theta = np.empty(n, np.float32)
         store.pull(theta)
         ncl = store.spec.n_clients
-        expected = 7.0 - k * ncl * (ncl + 1) / 2
-        assert np.all(theta == expected), (theta[:3], expected)
+        expected = 7.0 - k * ncl * (ncl + 1) / 2 * pattern
+        assert np.array_equal(theta, expected), (theta[:3], expected[:3])
         c = store.counters()
         assert c["applied"] == k * ncl and c["applied_per_shard"] == [k * ncl] * n_ps, c
         assert c["dropped_stale"] == 0 and c["dropped_nonfinite"] == 0, c
@@ -132,14 +138,17 @@ def check_staleness(n_ps: int) -> None:
             store.pull(theta)
             assert np.all(theta == -3.0), theta[:3]
             nan = np.ones(n, np.float32)
-            nan[::97] = np.nan      # in every shard: each shard checks its own part
+            nan[3] = np.nan         # in shard 0 only: the squared norm travels to every shard
             store.push(nan, store.pull(theta), 1.0)
             store.wait_consumed()
+            huge = np.full(n, 1e20, np.float32)      # finite, but its squares overflow float32
+            store.push(np.split(huge, [n // 3]), store.pull(theta), 1.0)
+            store.wait_consumed()
             c = store.counters()
-            assert c["dropped_nonfinite"] == 1 and c["applied"] == 3, c
-            assert c["dropped_nonfinite_per_shard"] == [1] * n_ps, c
+            assert c["dropped_nonfinite"] == 2 and c["applied"] == 3, c
+            assert c["dropped_nonfinite_per_shard"] == [2] * n_ps, c
             store.pull(theta)
-            assert np.all(theta == -3.0), "a NaN gradient must never be applied"
+            assert np.all(theta == -3.0), "a non-finite gradient must never be applied"
         store.done()
     finish(store, "staleness")
 
