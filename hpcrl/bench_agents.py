@@ -12,9 +12,12 @@ alternating blocks so that machine noise hits both alike:
 * scaling: A3C (or another asynchronous method) on Pong with 1 and with 2 actor-learners
   (plus one ps rank each) for a fixed wall time each, frames/s from the jobs' own metrics,
   ``speedup`` = frames/s(2) / frames/s(1); and one actor-learner's agent steps/s against
-  1 / (env step + forward + backward of a 5-step rollout / 5), measured in the bench process
-  (env step and forward timed in one loop, as acting interleaves them; the separate-loop
-  bound and fraction are reported too).
+  its bound 1 / (env step + forward + rollout gradient / 5), the three phases timed inside
+  the running actor-learner over the same window (``phase_times``, see
+  ``hpcrl.async_rl.PhaseClock``): ``fraction`` is the share of its wall time spent in them.
+  The same bound timed offline in the bench process, between the jobs (env step and forward
+  in one loop, as acting interleaves them; backward of a 5-step rollout), is reported as
+  ``fraction_of_offline_bound``.
 * learner: Gorila learner updates/s (parameter pull, replay sample, DQN gradient, gradient push)
   against a pure torch loop (sample a batch from an in-memory array, forward, target forward,
   backward). The store lives on this one rank (COMM_SELF); the ps's apply runs on another rank
@@ -190,7 +193,7 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
            sys.executable, "-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
            "--set", "n_ps=1", "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
            "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
-           "--set", "checkpoint_replay=false"]
+           "--set", "checkpoint_replay=false", "--set", "phase_times=true"]
     for item in overrides:
         cmd += ["--set", item]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -202,7 +205,21 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
     t, f = train["wall_time"], train["frames"]
     start = np.searchsorted(t, t[-1] - seconds)      # the last `seconds` of the run
     return {"frames_per_s": float((f[-1] - f[start]) / max(t[-1] - t[start], 1e-9)),
-            "window_s": float(t[-1] - t[start])}
+            "window_s": float(t[-1] - t[start]),
+            "phases": [_phase_window(path, seconds)
+                       for path in sorted(Path(run_dir, "phase_times").glob("rank-*.jsonl"))]}
+
+
+def _phase_window(path, seconds: float) -> dict:
+    """An actor-learner's in-process bound over the last ``seconds`` of its PhaseClock rows."""
+    import json
+
+    from hpcrl.async_rl import phase_fraction
+
+    rows = [json.loads(line) for line in open(path)]
+    t = np.array([r["t"] for r in rows])
+    first = min(int(np.searchsorted(t, t[-1] - seconds)), len(rows) - 2)
+    return phase_fraction(rows[max(first, 0)], rows[-1])
 
 
 def _a3c_bound(steps: int, t_max: int = 5) -> dict:
@@ -266,15 +283,21 @@ def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str]
     blocks.append(_a3c_bound(300))
     bounds = {k: float(np.median([b[k] for b in blocks])) for k in blocks[0]}
     steps_one = one["frames_per_s"] / 4                # Pong: 4 frames per agent step
+    (phases,) = one["phases"]                          # the one actor-learner of the first job
     return {"bench": "scaling", "algo": algo, "seconds": seconds, "overrides": list(overrides),
             "launcher_args": list(launcher_args),
             "frames_per_s_1": one["frames_per_s"], "frames_per_s_2": two["frames_per_s"],
             "speedup": two["frames_per_s"] / one["frames_per_s"],
-            "actor_learner_steps_per_s": steps_one, "bound_steps_per_s": bounds["bound"],
-            "fraction": steps_one / bounds["bound"],
-            "bound_blocks_steps_per_s": [round(b["bound"], 1) for b in blocks],
-            "bound_separate_steps_per_s": bounds["bound_separate"],
-            "fraction_of_separate_bound": steps_one / bounds["bound_separate"]}
+            "actor_learner_steps_per_s": phases["steps_per_s"],
+            "bound_steps_per_s": phases["bound_steps_per_s"], "fraction": phases["fraction"],
+            "phase_ms_per_step": {k: round(phases[f"{k}_ms_per_step"], 4)
+                                  for k in ("env", "forward", "learn")},
+            "fraction_2": [round(p["fraction"], 4) for p in two["phases"]],
+            "offline_bound_steps_per_s": bounds["bound"],
+            "fraction_of_offline_bound": steps_one / bounds["bound"],
+            "offline_bound_blocks_steps_per_s": [round(b["bound"], 1) for b in blocks],
+            "offline_bound_separate_steps_per_s": bounds["bound_separate"],
+            "fraction_of_offline_separate_bound": steps_one / bounds["bound_separate"]}
 
 
 def bench_checkpoint(transitions: int, out_dir: str | None) -> dict:

@@ -135,6 +135,10 @@ class Config:
                                      "0 = only on signal / at the end", lo=0.0)
     checkpoint_keep: int = _f(2, "complete checkpoint generations kept", lo=1)
     checkpoint_replay: bool = _f(True, "include replay memories in checkpoints")
+    phase_times: bool = _f(False, "asynchronous methods: every actor-learner appends its "
+                           "cumulative seconds in env steps, acting forward passes and rollout "
+                           "gradients to <run_dir>/phase_times/rank-R.jsonl every 2 s (the "
+                           "in-process bound of bench scaling)")
     watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
 
     def resolved_run_dir(self) -> Path:

@@ -121,9 +121,10 @@ def _check_actions(actions: np.ndarray, num_envs: int, num_actions: int) -> list
     actions = np.asarray(actions)
     if actions.shape != (num_envs,):
         raise ValueError(f"actions must have shape ({num_envs},), got {actions.shape}")
-    if actions.size and (actions.min() < 0 or actions.max() >= num_actions):
+    acts = actions.tolist()          # bounds checked in Python: numpy reductions run cold here
+    if acts and (min(acts) < 0 or max(acts) >= num_actions):
         raise ValueError(f"actions must lie in [0, {num_actions}), got {actions}")
-    return actions.tolist()
+    return acts
 
 
 def resize_84x84(screens: np.ndarray) -> np.ndarray:

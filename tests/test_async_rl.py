@@ -3,17 +3,18 @@ one-step accumulation against a per-step loop, the LSTM reset through the rollou
 short real run per method under mpiexec."""
 
 import copy
+import json
 
 import numpy as np
 import pytest
 import torch
 
-from hpcrl.async_rl import (ActorCriticPolicy, AsyncLearner, Rollout, actor_critic_bootstrap,
-                            actor_critic_outputs,
-                            bootstrap_returns, clip_by_global_norm, collect_rollout,
+from hpcrl.async_rl import (ActorCriticPolicy, AsyncLearner, PhaseClock, Rollout,
+                            actor_critic_bootstrap, actor_critic_outputs, bootstrap_returns, clip_by_global_norm, collect_rollout,
                             n_step_q_targets, next_obs_before_reset, one_step_targets,
-                            rollout_cuts, sample_from_logits, sarsa_next_actions,
-                            target_refresh_due, unroll_actor_critic, value_targets)
+                            phase_fraction, rollout_cuts, sample_from_logits, sarsa_next_actions,
+                            target_refresh_due, unroll_actor_critic, value_targets,
+                            _policy_state, _set_policy_state)
 from hpcrl.config import Config
 from hpcrl.envs import make_env
 from hpcrl.losses import huber, n_step_returns
@@ -247,9 +248,32 @@ def test_next_obs_before_reset_for_stacks_and_vectors():
 def test_sample_from_logits_frequencies():
     rng = np.random.default_rng(0)
     logits = np.log(np.tile([[0.2, 0.5, 0.3]], (30000, 1)))
-    freq = np.bincount(sample_from_logits(logits, rng), minlength=3) / 30000
+    freq = np.bincount(sample_from_logits(logits, rng.random(30000)), minlength=3) / 30000
     np.testing.assert_allclose(freq, [0.2, 0.5, 0.3], atol=0.01)
-    assert sample_from_logits(np.array([[0.0, -1e9]]), rng)[0] == 0
+    assert sample_from_logits(np.array([[0.0, -1e9]]), np.array([0.999999]))[0] == 0
+
+
+def test_sample_from_logits_inverse_cdf_by_hand():
+    # p = [0.2, 0.5, 0.3] (logits shifted by 7: softmax does not care): CDF 0.2, 0.7, 1.0
+    logits = np.tile(np.log([[0.2, 0.5, 0.3]]) + 7, (6, 1)).astype(np.float32)
+    u = np.array([0.0, 0.19, 0.21, 0.69, 0.71, 0.9999])
+    np.testing.assert_array_equal(sample_from_logits(logits, u), [0, 0, 1, 1, 2, 2])
+
+
+def test_actor_critic_policy_state_resumes_its_uniform_stream():
+    """Actions after a restore equal those of the uninterrupted policy, across the refill of
+    its block of uniforms (256 draws)."""
+    torch.manual_seed(0)
+    net = build_actor_critic((4,), 3, lstm=False, hidden=8)
+    obs = np.random.default_rng(5).normal(size=(2, 4)).astype(np.float32)
+    first = ActorCriticPolicy(net, 2, np.random.default_rng(1))
+    for _ in range(100):
+        first.act(obs)
+    saved = _policy_state(first)
+    expected = [first.act(obs) for _ in range(200)]
+    second = ActorCriticPolicy(net, 2, np.random.default_rng(99))
+    _set_policy_state(second, saved)
+    np.testing.assert_array_equal([second.act(obs) for _ in range(200)], expected)
 
 
 def test_clip_by_global_norm():
@@ -289,3 +313,37 @@ def test_short_run_under_mpi(algo, extra, tmp_path):
     assert len(episodes["return"]) > 10
     assert m["train"]["frames"][-1] >= 3000             # the whole budget was used
     assert (episodes["return"] >= 8).all()              # CartPole returns are >= 8 steps
+
+
+# ------------------------------------------------------------------------------ phase timing
+def test_phase_fraction_by_hand():
+    first = {"t": 100.0, "agent_steps": 1000, "env_s": 1.0, "forward_s": 1.0, "learn_s": 1.0}
+    last = {"t": 110.0, "agent_steps": 5000, "env_s": 4.0, "forward_s": 3.0, "learn_s": 4.0}
+    out = phase_fraction(first, last)     # 4000 steps in 10 s; busy 3 + 2 + 3 = 8 s
+    assert out["steps_per_s"] == pytest.approx(400.0)
+    assert out["bound_steps_per_s"] == pytest.approx(500.0)
+    assert out["fraction"] == pytest.approx(0.8)
+    assert out["env_ms_per_step"] == pytest.approx(0.75)
+    assert out["forward_ms_per_step"] == pytest.approx(0.5)
+
+
+def test_phase_clock_adds_wrapped_calls_and_writes_rows(tmp_path):
+    ticks = iter([10.0, 10.5,   # env call: 0.5 s
+                  11.0, 11.25,  # forward call: 0.25 s
+                  12.0, 14.0,   # env call that raises: 2 s still counted
+                  14.0, 14.0,   # maybe_write: due (nothing written yet); stamps 14.0
+                  15.0])        # maybe_write 1 s later: not due (every 2 s)
+    clock = PhaseClock(tmp_path / "pt" / "rank-1.jsonl", every_s=2.0)
+    clock._now = lambda: next(ticks)
+    assert clock.timed("env", lambda x: x + 1)(1) == 2
+    assert clock.timed("forward", lambda: "q")() == "q"
+
+    def boom():
+        raise RuntimeError("env died")
+    with pytest.raises(RuntimeError):
+        clock.timed("env", boom)()
+    assert clock.seconds == {"env": 2.5, "forward": 0.25, "learn": 0.0}
+    clock.maybe_write(agent_steps=40)
+    clock.maybe_write(agent_steps=45)
+    rows = [json.loads(line) for line in open(tmp_path / "pt" / "rank-1.jsonl")]
+    assert len(rows) == 1 and rows[0]["agent_steps"] == 40 and rows[0]["env_s"] == 2.5

@@ -123,8 +123,10 @@ def test_bench_scaling_prints_json():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["bench"] == "scaling" and len(result["bound_blocks_steps_per_s"]) == 3
+    assert result["bench"] == "scaling" and len(result["offline_bound_blocks_steps_per_s"]) == 3
     assert result["frames_per_s_1"] > 0 and result["frames_per_s_2"] > 0
     assert result["speedup"] == pytest.approx(result["frames_per_s_2"] / result["frames_per_s_1"])
     assert result["fraction"] == pytest.approx(
         result["actor_learner_steps_per_s"] / result["bound_steps_per_s"])
+    assert 0 < result["fraction"] < 1 and len(result["fraction_2"]) == 2    # in-process phases
+    assert set(result["phase_ms_per_step"]) == {"env", "forward", "learn"}
