@@ -88,6 +88,8 @@ class ShardOptimizer:
                 acc *= np.float32(self.decay)
                 tmp *= np.float32(1.0 - self.decay)
                 acc += tmp
+            # statistics below FLT_MIN are stored as 0, as in the C kernel (see _kernels.c)
+            np.putmask(acc, acc < np.finfo(np.float32).tiny, np.float32(0.0))
             np.add(acc, np.float32(self.eps), out=tmp)
             np.sqrt(tmp, out=tmp)
             np.divide(grad, tmp, out=tmp)

@@ -34,6 +34,23 @@ def test_matches_reference(kind, path):
     np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_rmsprop_statistics_never_store_denormals(path):
+    """A dead unit's statistic decays into the denormal range, where float operations are
+    ~100x slower on x86: below FLT_MIN (1.18e-38) it is stored as 0, on both paths."""
+    opt = ShardOptimizer("rmsprop_shared", 4, 1, decay=0.99, eps=0.1)
+    acc = opt.statistics_for(0)
+    bits = acc.view(np.uint32)       # set and read by bit pattern: this process may run with
+    bits[:] = [0x00100000, 4, 0x0DA24260, 0]    # FTZ/DAZ on (torch), which would hide them
+    # 1.5e-39 and 5.6e-45 (denormal), 1e-30 (normal), 0
+    grad = np.array([0.0, 0.0, 0.0, 1e-20], np.float32)   # 0.01 * g^2 = 1e-42: denormal
+    theta = np.ones(4, np.float32)
+    out = np.empty(4, np.float32)
+    opt.step(theta, grad, out, 0.5, 0)
+    np.testing.assert_array_equal(bits[[0, 1, 3]], 0)
+    assert acc[2] == pytest.approx(0.99e-30, rel=1e-6)
+    np.testing.assert_array_equal(out, 1.0)        # 0.5 * 1e-20 / sqrt(0.1) is below 1 ulp
+
+
 def test_adagrad_by_hand(path):
     # G = 4 after g = 2; step = 0.5 * 2 / sqrt(4 + 0) = 0.5
     opt = ShardOptimizer("adagrad", 1, 1, eps=0.0)
