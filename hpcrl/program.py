@@ -54,9 +54,6 @@ def build_network(cfg: Config, obs_shape, num_actions):
     import torch
 
     torch.set_num_threads(1)
-    # Denormal floats (from dying units' tiny activations and gradients) cost a microcode
-    # assist per operation on x86; they carry no information a network needs.
-    torch.set_flush_denormal(True)
     from hpcrl import networks
 
     if cfg.algo == "a3c":

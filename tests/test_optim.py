@@ -39,8 +39,8 @@ def test_rmsprop_statistics_never_store_denormals(path):
     ~100x slower on x86: below FLT_MIN (1.18e-38) it is stored as 0, on both paths."""
     opt = ShardOptimizer("rmsprop_shared", 4, 1, decay=0.99, eps=0.1)
     acc = opt.statistics_for(0)
-    bits = acc.view(np.uint32)       # set and read by bit pattern: this process may run with
-    bits[:] = [0x00100000, 4, 0x0DA24260, 0]    # FTZ/DAZ on (torch), which would hide them
+    bits = acc.view(np.uint32)       # set and read by bit pattern: a process running with
+    bits[:] = [0x00100000, 4, 0x0DA24260, 0]    # FTZ/DAZ (e.g. torch.set_flush_denormal) hides them
     # 1.5e-39 and 5.6e-45 (denormal), 1e-30 (normal), 0
     grad = np.array([0.0, 0.0, 0.0, 1e-20], np.float32)   # 0.01 * g^2 = 1e-42: denormal
     theta = np.ones(4, np.float32)

@@ -43,6 +43,7 @@ shards may be at slightly different versions at any moment.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -83,14 +84,14 @@ def piece_puts(piece_sizes: tuple[int, ...], ranges: list[tuple[int, int]]
     """
     if sum(piece_sizes) != (ranges[-1][1] if ranges else 0):
         raise ValueError(f"pieces hold {sum(piece_sizes)} floats, the shards {ranges[-1][1]}")
-    starts = np.concatenate([[0], np.cumsum(piece_sizes)])
+    starts = [0, *itertools.accumulate(piece_sizes)]
     plan = []
     for a, b in ranges:
         puts = []
         for k, size in enumerate(piece_sizes):
-            lo, hi = max(a, int(starts[k])), min(b, int(starts[k]) + size)
+            lo, hi = max(a, starts[k]), min(b, starts[k] + size)
             if lo < hi:
-                puts.append((k, lo - int(starts[k]), hi - lo, lo - a))
+                puts.append((k, lo - starts[k], hi - lo, lo - a))
         plan.append(puts)
     return plan
 
