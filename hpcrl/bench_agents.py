@@ -11,7 +11,9 @@ alternating blocks so that machine noise hits both alike:
   optimistic) and ``fraction_of_separate_bound`` is the actor against that.
 * scaling: A3C (or another asynchronous method) on Pong with 1 and with 2 actor-learners
   (plus one ps rank each) for a fixed wall time each, frames/s from the jobs' own metrics,
-  ``speedup`` = frames/s(2) / frames/s(1); and one actor-learner's agent steps/s against
+  ``speedup`` = frames/s(2) / frames/s(1), the jobs run in the order 1, 2, 1 and frames/s(1)
+  the mean of the two (drift cancels); the ps's share of a core and its CPU ms per gradient
+  (``ps_cpu_fraction_*``); and one actor-learner's agent steps/s against
   its bound 1 / (env step + forward + rollout gradient / 5), the three phases timed inside
   the running actor-learner over the same window (``phase_times``, see
   ``hpcrl.async_rl.PhaseClock``): ``fraction`` is the share of its wall time spent in them.
@@ -207,7 +209,9 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
     return {"frames_per_s": float((f[-1] - f[start]) / max(t[-1] - t[start], 1e-9)),
             "window_s": float(t[-1] - t[start]),
             "phases": [_phase_window(path, seconds)
-                       for path in sorted(Path(run_dir, "phase_times").glob("rank-*.jsonl"))]}
+                       for path in sorted(Path(run_dir, "phase_times").glob("rank-*.jsonl"))],
+            "ps": [_ps_window(path, seconds)
+                   for path in sorted(Path(run_dir, "phase_times").glob("ps-rank-*.jsonl"))]}
 
 
 def _phase_window(path, seconds: float) -> dict:
@@ -220,6 +224,19 @@ def _phase_window(path, seconds: float) -> dict:
     t = np.array([r["t"] for r in rows])
     first = min(int(np.searchsorted(t, t[-1] - seconds)), len(rows) - 2)
     return phase_fraction(rows[max(first, 0)], rows[-1])
+
+
+def _ps_window(path, seconds: float) -> dict:
+    """A ps rank's share of one core and its CPU ms per applied gradient over the last
+    ``seconds`` (``hpcrl.program._ps_cpu_clock`` rows)."""
+    import json
+
+    rows = [json.loads(line) for line in open(path)]
+    t = np.array([r["t"] for r in rows])
+    a, b = rows[max(min(int(np.searchsorted(t, t[-1] - seconds)), len(rows) - 2), 0)], rows[-1]
+    cpu, applied = b["cpu_s"] - a["cpu_s"], b["applied"] - a["applied"]
+    return {"cpu_fraction": cpu / max(b["t"] - a["t"], 1e-9),
+            "cpu_ms_per_gradient": 1e3 * cpu / max(applied, 1)}
 
 
 def _a3c_bound(steps: int, t_max: int = 5) -> dict:
@@ -270,29 +287,46 @@ def _a3c_bound(steps: int, t_max: int = 5) -> dict:
 
 def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str] = (),
                   launcher_args: list[str] = ()) -> dict:
-    """frames/s with 1 and 2 actor-learners (plus one ps each), same config, one after the other."""
+    """frames/s with 1 and 2 actor-learners (plus one ps each), same config, in the order
+    1, 2, 1: ``speedup`` divides by the mean of the two 1-actor-learner jobs, so a machine
+    that drifts linearly in speed over the bench (it moved by up to 10 % between timings
+    minutes apart) does not bias the ratio either way."""
     import tempfile
 
-    # The bound is timed three times (before, between and after the jobs) and the median is
-    # used: one short timing on a shared machine moved it by +-8 % from run to run.
+    # The offline bound is timed before, between and after the jobs; the median is used.
     blocks = [_a3c_bound(300)]
+    jobs = []
     with tempfile.TemporaryDirectory() as tmp:
-        one = _measure_job(algo, 1, seconds, warmup, f"{tmp}/one", overrides, launcher_args)
-        blocks.append(_a3c_bound(300))
-        two = _measure_job(algo, 2, seconds, warmup, f"{tmp}/two", overrides, launcher_args)
-    blocks.append(_a3c_bound(300))
+        for i, n_workers in enumerate((1, 2, 1)):
+            jobs.append(_measure_job(algo, n_workers, seconds, warmup, f"{tmp}/job{i}",
+                                     overrides, launcher_args))
+            blocks.append(_a3c_bound(300))
     bounds = {k: float(np.median([b[k] for b in blocks])) for k in blocks[0]}
-    steps_one = one["frames_per_s"] / 4                # Pong: 4 frames per agent step
-    (phases,) = one["phases"]                          # the one actor-learner of the first job
+    ones, two = [jobs[0], jobs[2]], jobs[1]
+    fps_1 = float(np.mean([j["frames_per_s"] for j in ones]))
+    phases_1 = [j["phases"][0] for j in ones]       # the one actor-learner of each 1-job
+
+    def mean_phase(key: str, phases: list[dict]) -> float:
+        return float(np.mean([p[key] for p in phases]))
+
+    steps_one = fps_1 / 4                              # Pong: 4 frames per agent step
     return {"bench": "scaling", "algo": algo, "seconds": seconds, "overrides": list(overrides),
             "launcher_args": list(launcher_args),
-            "frames_per_s_1": one["frames_per_s"], "frames_per_s_2": two["frames_per_s"],
-            "speedup": two["frames_per_s"] / one["frames_per_s"],
-            "actor_learner_steps_per_s": phases["steps_per_s"],
-            "bound_steps_per_s": phases["bound_steps_per_s"], "fraction": phases["fraction"],
-            "phase_ms_per_step": {k: round(phases[f"{k}_ms_per_step"], 4)
+            "frames_per_s_1": fps_1, "frames_per_s_2": two["frames_per_s"],
+            "speedup": two["frames_per_s"] / fps_1,
+            "frames_per_s_1_runs": [round(j["frames_per_s"], 1) for j in ones],
+            "actor_learner_steps_per_s": mean_phase("steps_per_s", phases_1),
+            "bound_steps_per_s": mean_phase("bound_steps_per_s", phases_1),
+            "fraction": mean_phase("fraction", phases_1),
+            "fraction_runs": [round(p["fraction"], 4) for p in phases_1],
+            "phase_ms_per_step": {k: round(mean_phase(f"{k}_ms_per_step", phases_1), 4)
                                   for k in ("env", "forward", "learn")},
             "fraction_2": [round(p["fraction"], 4) for p in two["phases"]],
+            "phase_ms_per_step_2": {k: round(mean_phase(f"{k}_ms_per_step", two["phases"]), 4)
+                                    for k in ("env", "forward", "learn")},
+            "ps_cpu_fraction_1": [round(p["cpu_fraction"], 3) for j in ones for p in j["ps"]],
+            "ps_cpu_fraction_2": [round(p["cpu_fraction"], 3) for p in two["ps"]],
+            "ps_cpu_ms_per_gradient_2": [round(p["cpu_ms_per_gradient"], 3) for p in two["ps"]],
             "offline_bound_steps_per_s": bounds["bound"],
             "fraction_of_offline_bound": steps_one / bounds["bound"],
             "offline_bound_blocks_steps_per_s": [round(b["bound"], 1) for b in blocks],

@@ -475,6 +475,27 @@ def run_replay(ctx: Context) -> None:
     server.serve(coord=ctx.coord, save_replay=cfg.checkpoint_replay)
 
 
+def _ps_cpu_clock(path, server, then=None, every_s: float = 2.0):
+    """An ``on_tick`` for ``phase_times``: appends ``{"t", "cpu_s", "applied"}`` (this ps
+    process's CPU seconds and gradients applied, cumulative) to ``path`` every ``every_s``, so
+    ``bench scaling`` can say how much of a core the ps took and per gradient; calls ``then``
+    (rank 0's metrics tick) every time."""
+    import json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    last = [-float("inf")]
+
+    def tick() -> None:
+        if then is not None:
+            then()
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            row = {"t": time.time(), "cpu_s": time.process_time(), "applied": server.version}
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return tick
+
+
 def run_ps(ctx: Context) -> None:
     _assert_no_torch("ps")
     from hpcrl.coord import STOP_SIGNAL
@@ -490,8 +511,11 @@ def run_ps(ctx: Context) -> None:
     reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames,
                          on_early_stop=lambda: ctx.coord.request(STOP_BUDGET))
                 if ctx.rank == 0 else None)
-    stop = server.serve(idle_sleep_s=cfg.ps_idle_sleep_ms / 1e3,
-                        on_tick=reporter.tick if reporter else None, coord=ctx.coord,
+    on_tick = reporter.tick if reporter else None
+    if cfg.phase_times and cfg.algo != "gorila":
+        on_tick = _ps_cpu_clock(ctx.run_dir / "phase_times" / f"ps-rank-{ctx.rank}.jsonl",
+                                server, on_tick)
+    stop = server.serve(idle_sleep_s=cfg.ps_idle_sleep_ms / 1e3, on_tick=on_tick, coord=ctx.coord,
                         before_write=reporter.before_checkpoint if reporter else None)
     if reporter:
         reporter.finish("preempted" if stop == STOP_SIGNAL else "finished")

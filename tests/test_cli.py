@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.util import ROOT, run_mpi
@@ -123,10 +124,16 @@ def test_bench_scaling_prints_json():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["bench"] == "scaling" and len(result["offline_bound_blocks_steps_per_s"]) == 3
+    assert result["bench"] == "scaling" and len(result["offline_bound_blocks_steps_per_s"]) == 4
     assert result["frames_per_s_1"] > 0 and result["frames_per_s_2"] > 0
+    runs = result["frames_per_s_1_runs"]                    # jobs in the order 1, 2, 1
+    assert len(runs) == 2 and result["frames_per_s_1"] == pytest.approx(np.mean(runs), rel=1e-3)
     assert result["speedup"] == pytest.approx(result["frames_per_s_2"] / result["frames_per_s_1"])
-    assert result["fraction"] == pytest.approx(
-        result["actor_learner_steps_per_s"] / result["bound_steps_per_s"])
+    assert result["fraction"] == pytest.approx(np.mean(result["fraction_runs"]), rel=1e-3)
     assert 0 < result["fraction"] < 1 and len(result["fraction_2"]) == 2    # in-process phases
+    assert set(result["phase_ms_per_step_2"]) == {"env", "forward", "learn"}
+    # one ps per job: a share of one core, and CPU per gradient it applied
+    assert len(result["ps_cpu_fraction_1"]) == 2 and len(result["ps_cpu_fraction_2"]) == 1
+    assert all(0 < f < 1 for f in result["ps_cpu_fraction_1"] + result["ps_cpu_fraction_2"])
+    assert result["ps_cpu_ms_per_gradient_2"][0] > 0
     assert set(result["phase_ms_per_step"]) == {"env", "forward", "learn"}
