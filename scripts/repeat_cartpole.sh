@@ -4,10 +4,12 @@
 # episodes where the run evaluates (the value methods' configs), training episodes otherwise.
 # Usage: scripts/repeat_cartpole.sh CONFIG N [OUT_DIR] [extra --set args...]
 #   e.g. scripts/repeat_cartpole.sh configs/n_step_q_cartpole.toml 10 /tmp/nq --set early_stop=true
+# Seeds are SEED0, SEED0 + 1, ... (SEED0 defaults to 0).
 set -u
 config=$1; n=$2; out=${3:-/tmp/repeat_cartpole}; shift 3 || shift $#
 mkdir -p "$out"
-for seed in $(seq 0 $((n - 1))); do
+seed0=${SEED0:-0}
+for seed in $(seq "$seed0" $((seed0 + n - 1))); do
     t0=$(date +%s)
     mpiexec -n 4 python -m hpcrl.run --config "$config" --set seed=$seed \
         --set run_dir="$out/seed-$seed" "$@" > "$out/seed-$seed.log" 2>&1
