@@ -214,26 +214,28 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
                    for path in sorted(Path(run_dir, "phase_times").glob("ps-rank-*.jsonl"))]}
 
 
-def _phase_window(path, seconds: float) -> dict:
-    """An actor-learner's in-process bound over the last ``seconds`` of its PhaseClock rows."""
+def _window_rows(path, seconds: float) -> tuple[dict, dict]:
+    """The first and last rows of a cumulative JSON Lines clock file (rows ``{"t", ...}``)
+    that span its last ``seconds`` (at least two rows apart when it has two)."""
     import json
-
-    from hpcrl.async_rl import phase_fraction
 
     rows = [json.loads(line) for line in open(path)]
     t = np.array([r["t"] for r in rows])
     first = min(int(np.searchsorted(t, t[-1] - seconds)), len(rows) - 2)
-    return phase_fraction(rows[max(first, 0)], rows[-1])
+    return rows[max(first, 0)], rows[-1]
+
+
+def _phase_window(path, seconds: float) -> dict:
+    """An actor-learner's in-process bound over the last ``seconds`` of its PhaseClock rows."""
+    from hpcrl.async_rl import phase_fraction
+
+    return phase_fraction(*_window_rows(path, seconds))
 
 
 def _ps_window(path, seconds: float) -> dict:
     """A ps rank's share of one core and its CPU ms per applied gradient over the last
     ``seconds`` (``hpcrl.program._ps_cpu_clock`` rows)."""
-    import json
-
-    rows = [json.loads(line) for line in open(path)]
-    t = np.array([r["t"] for r in rows])
-    a, b = rows[max(min(int(np.searchsorted(t, t[-1] - seconds)), len(rows) - 2), 0)], rows[-1]
+    a, b = _window_rows(path, seconds)
     cpu, applied = b["cpu_s"] - a["cpu_s"], b["applied"] - a["applied"]
     return {"cpu_fraction": cpu / max(b["t"] - a["t"], 1e-9),
             "cpu_ms_per_gradient": 1e3 * cpu / max(applied, 1)}
@@ -289,8 +291,8 @@ def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str]
                   launcher_args: list[str] = ()) -> dict:
     """frames/s with 1 and 2 actor-learners (plus one ps each), same config, in the order
     1, 2, 1: ``speedup`` divides by the mean of the two 1-actor-learner jobs, so a machine
-    that drifts linearly in speed over the bench (it moved by up to 10 % between timings
-    minutes apart) does not bias the ratio either way."""
+    that drifts linearly in speed over the bench (its offline bound moved by 6-24 % between
+    timings minutes apart) does not bias the ratio either way."""
     import tempfile
 
     # The offline bound is timed before, between and after the jobs; the median is used.

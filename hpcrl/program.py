@@ -482,14 +482,15 @@ def _ps_cpu_clock(path, server, then=None, every_s: float = 2.0):
     (rank 0's metrics tick) every time."""
     import json
     path.parent.mkdir(parents=True, exist_ok=True)
-    last = [-float("inf")]
+    last = -float("inf")
 
     def tick() -> None:
+        nonlocal last
         if then is not None:
             then()
         now = time.monotonic()
-        if now - last[0] >= every_s:
-            last[0] = now
+        if now - last >= every_s:
+            last = now
             row = {"t": time.time(), "cpu_s": time.process_time(), "applied": server.version}
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
