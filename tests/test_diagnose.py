@@ -1,0 +1,90 @@
+"""python -m hpcrl.diagnose: the share of each tensor whose ps optimiser statistic is 0, read from
+a real checkpoint generation (HDF5 rank files + manifest, as the runs write them)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hpcrl import checkpoint as ckpt
+from hpcrl.config import load_config, to_toml
+from hpcrl.diagnose import DiagnoseError, main, zero_fractions
+
+# configs/a3c_cartpole.toml with 4 hidden units: tensors in the flat vector's order
+TENSORS = [("torso.0.weight", 16), ("torso.0.bias", 4), ("torso.2.weight", 16),
+           ("torso.2.bias", 4), ("policy_head.weight", 8), ("policy_head.bias", 2),
+           ("value_head.weight", 4), ("value_head.bias", 1)]
+N = sum(size for _, size in TENSORS)  # 55
+
+
+def test_zero_fractions_by_hand():
+    rows = zero_fractions([("a", 3), ("b", 2)], np.array([0, 1e-30, 0, 0, 0], np.float32))
+    assert [(r["name"], r["size"], r["zero"]) for r in rows] == [
+        ("a", 3, 2), ("b", 2, 2), ("all", 5, 4)]
+    assert rows[0]["fraction"] == pytest.approx(2 / 3) and rows[2]["fraction"] == 0.8
+
+
+def test_per_client_statistics_count_only_when_zero_for_every_client():
+    stat = np.array([[0, 1, 0, 0], [0, 0, 2, 0]], np.float32)   # [n_clients, n]
+    (row, total) = zero_fractions([("w", 4)], stat)
+    assert row["zero"] == 2 and total["zero"] == 2                # columns 0 and 3
+
+
+def test_size_mismatch_is_an_error():
+    with pytest.raises(DiagnoseError, match="3 statistics but the network has 4"):
+        zero_fractions([("w", 4)], np.zeros(3, np.float32))
+
+
+def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False):
+    """A run directory with config.toml and one complete checkpoint generation: n_ps ps shards
+    of the 55-float statistic (zeros: all of torso.0.bias, 8 of torso.2.weight's 16) and one
+    actor-learner file."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_config("configs/a3c_cartpole.toml", ["mlp_hidden=4"])
+    (run / "config.toml").write_text(to_toml(cfg))
+    stat = np.ones(N, np.float32)
+    stat[16:20] = 0.0                    # torso.0.bias: every unit of the first layer dead
+    stat[20:28] = 0.0                    # half of torso.2.weight
+    root = run / "checkpoints"
+    files = []
+    for i, part in enumerate(np.array_split(stat, n_ps)):
+        files.append(ckpt.write_state(ckpt.rank_file(root, 1, i),
+                                      {"params": np.zeros_like(part), f"opt/{stat_name}": part}))
+    files.append(ckpt.write_state(ckpt.rank_file(root, 1, n_ps), {"rng": np.zeros(2)}))
+    if corrupt:
+        ckpt.rank_file(root, 1, 0).write_bytes(b"not hdf5")
+    ckpt.write_manifest(root, 1, files, {"roles": ["ps"] * n_ps + ["actor-learner"],
+                                         "frames": 12345, "n_params": N})
+    return run
+
+
+def test_cli_reports_each_tensor_of_a_checkpoint(tmp_path, capsys):
+    run = _write_run(tmp_path)
+    assert main([str(run), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["generation"], report["frames"], report["statistic"]) == (1, 12345, "v")
+    zero = {r["name"]: r["zero"] for r in report["tensors"]}
+    assert zero == {"torso.0.bias": 4, "torso.2.weight": 8, "all": 12,
+                    **{name: 0 for name, _ in TENSORS if name not in ("torso.0.bias",
+                                                                     "torso.2.weight")}}
+    assert main([str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "torso.0.bias" in text and "100.0 %" in text and " 21.8 %" in text   # 12 / 55
+
+
+def test_cli_on_an_adagrad_checkpoint_with_one_shard(tmp_path, capsys):
+    assert main([str(_write_run(tmp_path, stat_name="G", n_ps=1)), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["statistic"] == "G" and report["tensors"][-1]["zero"] == 12
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p, "not a run directory (no config.toml)"),
+    (lambda p: _write_run(p, stat_name="m"), "keeps no per-parameter statistic"),
+    (lambda p: _write_run(p, corrupt=True), "no complete checkpoint generation"),
+])
+def test_bad_run_directories_get_one_line_and_exit_1(tmp_path, capsys, make, message):
+    assert main([str(make(tmp_path))]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and err[-1].startswith("hpcrl.diagnose: ")
