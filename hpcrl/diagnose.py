@@ -41,6 +41,7 @@ from hpcrl import checkpoint as ckpt
 
 PS = "ps"
 STATISTICS = ("v", "G")  # RMSProp (shared or per client), AdaGrad
+WHAT_ZERO_MEANS = {"v": "no gradient for thousands of updates", "G": "never a gradient"}
 
 
 class DiagnoseError(RuntimeError):
@@ -81,6 +82,8 @@ def _ps_statistics(run_dir: Path) -> tuple[int, dict, np.ndarray, str]:
     if found is None:
         raise DiagnoseError(f"{run_dir}: no complete checkpoint generation under {root}")
     gen, manifest = found
+    if not {"files", "roles", "frames"} <= manifest.keys():
+        raise DiagnoseError(f"{ckpt.gen_dir(root, gen)}: manifest lacks files, roles or frames")
     files = [e["file"] for e, role in zip(manifest["files"], manifest["roles"]) if role == PS]
     shards, name = [], None
     for file in files:
@@ -121,7 +124,7 @@ def format_text(report: dict) -> str:
     lines = [f"{report['run_dir']}: {report['algo']} on {report['game']}, checkpoint generation "
              f"{report['generation']} at {report['frames']:,} frames",
              f"share of parameters whose {report['optimizer']} statistic {report['statistic']} "
-             "is 0 (no gradient for thousands of updates; a bias at 0 is a dead unit):"]
+             f"is 0 ({WHAT_ZERO_MEANS[report['statistic']]}; a bias at 0 is a dead unit):"]
     width = max(len(r["name"]) for r in report["tensors"])
     for r in report["tensors"]:
         lines.append(f"  {r['name']:<{width}} {r['size']:>12,} {100 * r['fraction']:6.1f} %")

@@ -77,6 +77,8 @@ def test_cli_on_an_adagrad_checkpoint_with_one_shard(tmp_path, capsys):
     assert main([str(_write_run(tmp_path, stat_name="G", n_ps=1)), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["statistic"] == "G" and report["tensors"][-1]["zero"] == 12
+    assert main([str(tmp_path / "run")]) == 0
+    assert "statistic G is 0 (never a gradient;" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("make, message", [
