@@ -103,6 +103,8 @@ class Config:
     network: str = _f("auto", "auto (conv for images, MLP for vectors) | nature | mlp",
                       choices=("auto", "nature", "mlp"))
     mlp_hidden: int = _f(64, "hidden units per layer of MLP networks (classic control)", lo=1)
+    init: str = _f("torch", "A3C network initialisation: torch (its defaults) | orthogonal "
+                   "(gain sqrt 2, zero biases, policy head 0.01)", choices=("torch", "orthogonal"))
 
     # --- asynchronous methods (Mnih et al. 2016) ---------------------------------------------
     t_max: int = _f(5, "rollout length in agent steps (n-step Q, A3C) / I_AsyncUpdate", lo=1)
@@ -198,6 +200,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.algo != "gorila" and cfg.mode != "bundled":
         raise ConfigError(f"{origin}: key 'mode' must be 'bundled' for algo '{cfg.algo}' "
                           "(asynchronous methods run actor-learner ranks)")
+    if cfg.init != "torch" and cfg.algo != "a3c":
+        raise ConfigError(f"{origin}: key 'init' = '{cfg.init}' applies to algo 'a3c' only "
+                          f"(got '{cfg.algo}'); remove it")
     if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
         raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "
                           f"replay_capacity ({cfg.replay_capacity})")

@@ -175,12 +175,38 @@ def build_q_network(obs_shape: tuple[int, ...], num_actions: int, kind: str = "a
     raise ValueError(f"unknown q-network kind {kind!r} (auto, nature, mlp)")
 
 
+INITS = ("torch", "orthogonal")
+
+
+@torch.no_grad()
+def init_orthogonal(net: _ActorCritic) -> _ActorCritic:
+    """Orthogonal weights (Saxe et al. 2014) and zero biases, in place; returns ``net``.
+
+    Torso layers get gain sqrt(2) (ReLU), the policy head 0.01 (a near-uniform first policy)
+    and the value head 1, as in the A2C of OpenAI Baselines; an LSTM cell keeps torch's.
+    Why: torch's default, U(+-1/sqrt(fan_in)) for weights and biases, is about what the
+    paper's Torch7 code had, but under RMSProp's fixed-size steps those small weights and
+    random biases let A3C on Pong lose most ReLU units within 1 M frames (README, measured
+    with ``python -m hpcrl.diagnose``).
+    """
+    layers = [(m, 2 ** 0.5) for m in net.torso if isinstance(m, (nn.Conv2d, nn.Linear))]
+    for module, gain in layers + [(net.policy_head, 0.01), (net.value_head, 1.0)]:
+        nn.init.orthogonal_(module.weight, gain)
+        nn.init.zeros_(module.bias)
+    return net
+
+
 def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
-                       hidden: int = 64) -> _ActorCritic:
-    """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones."""
+                       hidden: int = 64, init: str = "torch") -> _ActorCritic:
+    """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones; ``init``:
+    "torch" (torch's default initialisation) or "orthogonal" (`init_orthogonal`)."""
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r} ({', '.join(INITS)})")
     if len(obs_shape) == 3:
-        return A3CNetwork(tuple(obs_shape), num_actions, lstm=lstm)
-    return MLPActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm, hidden=hidden)
+        net = A3CNetwork(tuple(obs_shape), num_actions, lstm=lstm)
+    else:
+        net = MLPActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm, hidden=hidden)
+    return init_orthogonal(net) if init == "orthogonal" else net
 
 
 def num_params(module: nn.Module) -> int:

@@ -58,7 +58,7 @@ def build_network(cfg: Config, obs_shape, num_actions):
 
     if cfg.algo == "a3c":
         return networks.build_actor_critic(obs_shape, num_actions, lstm=cfg.lstm,
-                                           hidden=cfg.mlp_hidden)
+                                           hidden=cfg.mlp_hidden, init=cfg.init)
     return networks.build_q_network(obs_shape, num_actions, kind=cfg.network,
                                     hidden=cfg.mlp_hidden)
 

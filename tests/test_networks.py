@@ -140,3 +140,21 @@ def test_bind_makes_parameters_and_grads_views_of_flat_buffers():
     ref.zero_grad()
     ref(x).pow(2).sum().backward()
     np.testing.assert_allclose(grad, layout.grads_to_flat(ref, np.empty_like(grad)), rtol=1e-6)
+
+
+def test_orthogonal_init_by_layer():
+    """init="orthogonal": W W^T = gain^2 I for every layer with no more rows than columns
+    (torso sqrt 2, policy head 0.01, value head 1), every bias 0; torch's default otherwise."""
+    torch.manual_seed(0)
+    net = build_actor_critic((4, 84, 84), 6, lstm=False, init="orthogonal")
+    layers = [m for m in net.torso if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    gains = [2.0] * len(layers) + [1e-4, 1.0]
+    for layer, gain2 in zip(layers + [net.policy_head, net.value_head], gains):
+        w = layer.weight.detach().reshape(layer.weight.shape[0], -1).double()
+        assert w.shape[0] <= w.shape[1]                   # 16x256, 32x256, 256x2592, 6x256, 1x256
+        np.testing.assert_allclose(w @ w.T, gain2 * np.eye(w.shape[0]), atol=1e-5 * gain2)
+        assert not layer.bias.detach().any()
+    default = build_actor_critic((4, 84, 84), 6, lstm=False)
+    assert default.policy_head.bias.detach().any()        # torch's U(+-1/sqrt(fan_in)) biases
+    with pytest.raises(ValueError, match="unknown init 'xavier'"):
+        build_actor_critic((4,), 2, lstm=False, init="xavier")
