@@ -39,7 +39,7 @@ import numpy as np
 
 from hpcrl import checkpoint as ckpt
 
-PS = "ps"
+from hpcrl.reshard import PS  # the ps role name in a manifest's roles
 STATISTICS = ("v", "G")  # RMSProp (shared or per client), AdaGrad
 WHAT_ZERO_MEANS = {"v": "no gradient for thousands of updates", "G": "never a gradient"}
 
