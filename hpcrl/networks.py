@@ -184,7 +184,7 @@ def init_orthogonal(net: _ActorCritic) -> _ActorCritic:
 
     Torso layers get gain sqrt(2) (ReLU), the policy head 0.01 (a near-uniform first policy)
     and the value head 1, as in the A2C of OpenAI Baselines; an LSTM cell keeps torch's.
-    Why: torch's default, U(+-1/sqrt(fan_in)) for weights and biases, the same as
+    Why: torch's default, U(+-1/sqrt(fan_in)) for weights and biases, is the same as
     Torch7's default, but under RMSProp's fixed-size steps those small weights and
     random biases let A3C on Pong lose most ReLU units within 1 M frames (README, measured
     with ``python -m hpcrl.diagnose``).
