@@ -49,7 +49,7 @@ class Config:
     run_dir: str = _f("results/{algo}/{game}/seed-{seed}",
                       "run directory; {algo}, {game}, {seed} are substituted")
 
-    # --- layout (see hpcrl.topology) ---------------------------------------------------------
+    # --- layout (see hpcrl.runtime.topology) -----------------------------------------------
     mode: str = _f("bundled", "bundled: actor+replay+learner per rank (Gorila's main setup); "
                    "split: separate actors, learners and global replay ranks", choices=MODES)
     n_ps: int = _f(0, "parameter-server ranks; 0 = derive from world size (30 per 130 ranks, >= 1)",
@@ -137,10 +137,6 @@ class Config:
                                      "0 = only on signal / at the end", lo=0.0)
     checkpoint_keep: int = _f(2, "complete checkpoint generations kept", lo=1)
     checkpoint_replay: bool = _f(True, "include replay memories in checkpoints")
-    phase_times: bool = _f(False, "asynchronous methods: every actor-learner appends its "
-                           "cumulative seconds in env steps, acting forward passes and rollout "
-                           "gradients to <run_dir>/phase_times/rank-R.jsonl every 2 s (the "
-                           "in-process bound of bench scaling)")
     watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
 
     def resolved_run_dir(self) -> Path:
@@ -151,6 +147,10 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+#: Keys that older versions wrote into run directories' config.toml, accepted and ignored so
+#: that those runs still resume. Profiling moved out of the config (HPCRL_PHASE_TIMES_DIR).
+RETIRED = frozenset({"phase_times"})
 
 
 def _check_value(origin: str, key: str, value: Any) -> Any:
@@ -225,6 +225,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
         for key, value in data.items():
+            if key in RETIRED:
+                continue
             if isinstance(value, dict):
                 raise ConfigError(f"{origin}: key '{key}' is a table; hpcrl configs are flat "
                                   "key = value files")

@@ -7,8 +7,8 @@ Two sets matter for this project:
 * ``a3c57``: the 57 games of the A3C paper (Mnih et al. 2016): the 49 plus berzerk, defender,
   phoenix, pitfall, skiing, solaris, surround and yars_revenge.
 
-Ids are ale-py's snake_case ROM ids (``space_invaders``); the lists are copied from
-``shared/reference/atari/README.md`` (sources: DQN Zoo ``atari_data.py`` and the papers).
+Ids are ale-py's snake_case ROM ids (``space_invaders``); the lists come from DQN Zoo's
+``atari_data.py`` and the papers (provenance: ``hpcrl/data/README.md``).
 SLURM array jobs pick one game per task::
 
     GAME=$(python -m hpcrl.games --set gorila49 --index "$SLURM_ARRAY_TASK_ID")

@@ -17,9 +17,7 @@ import socket
 import sys
 import traceback
 
-EXIT_CONFIG = 2      # bad config, layout, game or run directory
-EXIT_FAILURE = 1     # an exception on some rank (job aborted)
-EXIT_REQUEUE = 85    # stopped by SIGUSR1/SIGTERM after writing a checkpoint: requeue me
+from hpcrl.runtime.exits import EXIT_CONFIG, EXIT_FAILURE, EXIT_REQUEUE  # noqa: F401 (the statuses)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,13 +57,13 @@ def _ignore_stop_signals() -> None:
 
 def dry_run(args: argparse.Namespace) -> int:
     from hpcrl.config import ConfigError, load_config
-    from hpcrl.topology import LayoutError, format_table, make_layout
+    from hpcrl.runtime.program import count_params
+    from hpcrl.runtime.topology import LayoutError, format_table, make_layout
 
     try:
         cfg = load_config(args.config, args.set)
         world = args.world_size or 1
         layout = make_layout(world, cfg)
-        from hpcrl.program import count_params
 
         n_params = count_params(cfg)
         print(f"algo {cfg.algo}, game {cfg.game}, mode {cfg.mode}, run dir {cfg.resolved_run_dir()}")
@@ -81,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return dry_run(args)
     from hpcrl.config import ConfigError, load_config
-    from hpcrl.topology import LayoutError, make_layout
+    from hpcrl.runtime.topology import LayoutError, make_layout
 
     try:
         cfg = load_config(args.config, args.set)
@@ -89,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return _error(str(exc), _env_rank())
     if cfg.async_progress:
         os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
-    from hpcrl.coord import install_early_handlers
+    from hpcrl.runtime.coord import install_early_handlers
 
     install_early_handlers()
     from mpi4py import MPI
@@ -106,16 +104,17 @@ def main(argv: list[str] | None = None) -> int:
                       "singletons); launch with the MPI that mpi4py was built against", rank)
     try:
         layout = make_layout(size, cfg)
-        from hpcrl.program import validate
+        from hpcrl.runtime.program import validate
 
         validate(cfg)
     except (LayoutError, ConfigError, ValueError) as exc:
         return _error(str(exc), rank)
     role = layout.roles[rank].value
     try:
-        from hpcrl.program import run
+        from hpcrl.agents import make_worker
+        from hpcrl.runtime.program import run
 
-        status = run(comm, cfg, layout, force_new=args.force_new)
+        status = run(comm, cfg, layout, make_worker, force_new=args.force_new)
         _ignore_stop_signals()
         return status
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)

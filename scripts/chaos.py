@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hpcrl import checkpoint as ck  # noqa: E402
-from hpcrl.metrics import read_metrics  # noqa: E402
+from hpcrl.io import checkpoint as ck  # noqa: E402
+from hpcrl.io.metrics import read_metrics  # noqa: E402
 
 
 def mpiexec() -> str:

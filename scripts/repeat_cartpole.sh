@@ -17,7 +17,7 @@ for seed in $(seq "$seed0" $((seed0 + n - 1))); do
     python - "$out/seed-$seed/metrics.h5" "$seed" "$rc" "$(( $(date +%s) - t0 ))" <<'PY'
 import sys
 import numpy as np
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 path, seed, rc, wall = sys.argv[1:]
 m = read_metrics(path)
 kind = "eval" if len(m["eval"]["return"]) else "episodes"

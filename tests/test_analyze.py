@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcrl import analyze
-from hpcrl.analyze import (
+from hpcrl.tools import analyze
+from hpcrl.tools.analyze import (
     column_protocol,
     column_starts,
     common_games,
@@ -50,7 +50,7 @@ from hpcrl.analyze import (
     run_status,
     spread,
 )
-from hpcrl.metrics import MetricsWriter
+from hpcrl.io.metrics import MetricsWriter
 
 PONG_HNS = (18.0 + 20.7) / (14.6 + 20.7)  # mean of seeds 18, 20, 16
 BREAKOUT_HNS = (30.5 - 1.7) / (30.5 - 1.7)  # = 1
@@ -183,7 +183,7 @@ def test_gorila_49_games_human_starts_matches_a3c_table1():
     assert round(100 * summary["median"], 1) == 71.3
     # A slow reference: the formula, game by game, straight from the CSV rows.
     rows = {r["game"]: r for r in csv.DictReader(
-        io.StringIO((Path(analyze.__file__).parent / "data"
+        io.StringIO((Path(analyze.__file__).parents[1] / "data"
                      / "atari_reference_scores_human_starts.csv").read_text()))}
     values = []
     for game, score in published_scores()["gorila_human_starts"].items():
@@ -340,7 +340,7 @@ def test_running_and_stale_runs(tmp_path, capsys):
 
 LIVE_WRITER = """
     import sys, time
-    from hpcrl.metrics import MetricsWriter
+    from hpcrl.io.metrics import MetricsWriter
     w = MetricsWriter(sys.argv[1], dict(algo="a3c", game="pong", seed=0, config=""))
     print("ready", flush=True)
     for i in range(1, 401):

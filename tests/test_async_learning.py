@@ -18,7 +18,7 @@ a CI failure blocks every change. Its machinery (state reset through the rollout
 import numpy as np
 import pytest
 
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 from tests.test_gorila import first_frame_reaching, pong_smoke_run
 from tests.util import run_mpi
 

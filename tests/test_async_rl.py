@@ -1,5 +1,4 @@
-"""Asynchronous methods (Mnih et al. 2016): rollout targets against hand-worked numbers, the
-one-step accumulation against a per-step loop, the LSTM reset through the rollout code, and one
+"""Asynchronous methods (Mnih et al. 2016): the one-step accumulation against a per-step loop, the LSTM reset through the rollout code, and one
 short real run per method under mpiexec."""
 
 import copy
@@ -9,16 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.async_rl import (ActorCriticPolicy, AsyncLearner, PhaseClock, Rollout,
-                            actor_critic_bootstrap, actor_critic_outputs, bootstrap_returns, clip_by_global_norm, collect_rollout,
-                            n_step_q_targets, next_obs_before_reset, one_step_targets,
-                            phase_fraction, rollout_cuts, sample_from_logits, sarsa_next_actions,
-                            target_refresh_due, unroll_actor_critic, value_targets,
-                            _policy_state, _set_policy_state)
+from hpcrl.agents.async_rl.learner import (AsyncLearner, actor_critic_bootstrap,
+                                           actor_critic_outputs, clip_by_global_norm,
+                                           target_refresh_due, unroll_actor_critic)
+from hpcrl.agents.async_rl.rollout import Rollout, collect_rollout, next_obs_before_reset
+from hpcrl.bench.agents import phase_fraction
 from hpcrl.config import Config
 from hpcrl.envs import make_env
-from hpcrl.losses import huber, n_step_returns
-from hpcrl.networks import build_actor_critic, build_q_network
+from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy
+from hpcrl.rl.losses import huber
+from hpcrl.rl.networks import build_actor_critic, build_q_network
+from hpcrl.rl.policies import sample_from_logits
+from hpcrl.runtime.profiling import PhaseClock
 from tests.util import run_mpi
 
 torch.set_num_threads(1)
@@ -27,86 +28,6 @@ torch.set_num_threads(1)
 def col(*xs, dtype=np.float32):
     """A [T, 1] column (one environment)."""
     return np.array(xs, dtype)[:, None]
-
-
-# ------------------------------------------------------------------------------ n-step returns
-def test_n_step_q_targets_terminal_in_the_middle():
-    # gamma 0.5; step 1 ends the episode at a terminal state (discount 0).
-    #   step     0   1*  2   3
-    #   r        1   2   3   4
-    #   max q_t 10  20  30  40   (max_a Q(s_t, a; theta-))
-    # R3 = 4 + .5 * 40 = 24; R2 = 3 + .5 * 24 = 15; R1 = 2 (terminal); R0 = 1 + .5 * 2 = 2
-    q_t = np.stack([col(10, 20, 30, 40), col(0, 0, 0, 0)], axis=-1)     # [T, 1, 2]
-    y = n_step_q_targets(col(1, 2, 3, 4), col(1, 0, 1, 1), col(0, 1, 0, 0, dtype=bool), q_t, 0.5)
-    np.testing.assert_allclose(y[:, 0], [2, 2, 15, 24])
-
-
-def test_n_step_returns_time_limit_in_the_middle_bootstraps_there():
-    # Same rollout, but the episode is cut by the time limit at step 1 (discount 1): R1
-    # bootstraps from its own s_t: R1 = 2 + .5 * 20 = 12; R0 = 1 + .5 * 12 = 7.
-    y = bootstrap_returns(col(1, 2, 3, 4), col(1, 1, 1, 1), col(0, 1, 0, 1, dtype=bool),
-                          col(10, 20, 30, 40), 0.5)
-    np.testing.assert_allclose(y[:, 0], [7, 12, 15, 24])
-
-
-def test_bootstrap_returns_matches_losses_without_cuts_and_a_slow_loop():
-    rng = np.random.default_rng(0)
-    T, N, gamma = 6, 3, 0.9
-    r = rng.normal(size=(T, N)).astype(np.float32)
-    d = (rng.random((T, N)) > 0.2).astype(np.float32)
-    boot = rng.normal(size=(T, N)).astype(np.float32)
-    no_cuts = rollout_cuts(np.zeros((T, N), bool))
-    ours = bootstrap_returns(r, d, no_cuts, boot, gamma)
-    ref = n_step_returns(torch.from_numpy(r), torch.from_numpy(d), torch.from_numpy(boot[-1]),
-                         gamma).numpy()
-    np.testing.assert_allclose(ours, ref, rtol=1e-6)
-    end = rng.random((T, N)) < 0.3
-    ours = bootstrap_returns(r, d, rollout_cuts(end), boot, gamma)
-    for n in range(N):                 # the paper's backward loop, restarting at every cut
-        R = 0.0
-        for i in reversed(range(T)):
-            nxt = boot[i, n] if (end[i, n] or i == T - 1) else R
-            R = r[i, n] + gamma * d[i, n] * nxt
-            assert ours[i, n] == pytest.approx(R, rel=1e-6)
-
-
-def test_rollout_cuts_marks_ends_and_last_step():
-    end = np.array([[0, 1], [1, 0], [0, 0]], bool)
-    np.testing.assert_array_equal(rollout_cuts(end), [[0, 1], [1, 0], [1, 1]])
-    assert not end[-1].any()           # input untouched
-
-
-# ------------------------------------------------------------------------------ one-step targets
-Q_T = np.array([[1, 5], [3, 2], [0, 4]], np.float32)[:, None]     # [T=3, N=1, A=2]
-
-
-def test_one_step_q_and_sarsa_targets_differ_by_the_action_taken():
-    # gamma .9, r = 1, 0, 2, no terminal; actions taken a_tm1 = 1, 0, 0 and a' = 0 after.
-    # Q-learning: y = r + .9 max q_t       = 1 + 4.5, 0 + 2.7, 2 + 3.6 = 5.5, 2.7, 5.6
-    # Sarsa:      a_t = 0, 0, 0 (next actions): y = 1 + .9, 0 + 2.7, 2 + 0 = 1.9, 2.7, 2.0
-    r, d = col(1, 0, 2), col(1, 1, 1)
-    a_tm1, end = col(1, 0, 0, dtype=np.int64), col(0, 0, 0, dtype=bool)
-    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9)[:, 0], [5.5, 2.7, 5.6], rtol=1e-6)
-    a_t = sarsa_next_actions(a_tm1, np.array([0]), end, Q_T)
-    np.testing.assert_array_equal(a_t[:, 0], [0, 0, 0])
-    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9, a_t)[:, 0], [1.9, 2.7, 2.0],
-                               rtol=1e-6)
-    rollout = Rollout(None, a_tm1, r, d, end, None)
-    np.testing.assert_allclose(value_targets("one_step_sarsa", rollout, Q_T, 0.9, np.array([0])),
-                               [[1.9], [2.7], [2.0]], rtol=1e-6)
-
-
-def test_one_step_targets_with_an_episode_end_in_the_middle():
-    # Step 1 ends the episode at a terminal: its target is r only (0), and the action taken
-    # next (a_tm1[2] = 1) belongs to the new episode, so Sarsa must not use it (argmax instead,
-    # unused at a terminal). a' = 1 for the last step: y2 = 2 + .9 * q_t[2][1] = 5.6.
-    r, d = col(1, 0, 2), col(1, 0, 1)
-    a_tm1, end = col(0, 0, 1, dtype=np.int64), col(0, 1, 0, dtype=bool)
-    a_t = sarsa_next_actions(a_tm1, np.array([1]), end, Q_T)
-    np.testing.assert_array_equal(a_t[:, 0], [0, 0, 1])
-    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9, a_t)[:, 0], [1.9, 0.0, 5.6],
-                               rtol=1e-6)
-    np.testing.assert_allclose(one_step_targets(r, d, Q_T, 0.9)[:, 0], [5.5, 0.0, 5.6], rtol=1e-6)
 
 
 def test_one_step_gradient_equals_per_step_accumulation():
@@ -269,11 +190,29 @@ def test_actor_critic_policy_state_resumes_its_uniform_stream():
     first = ActorCriticPolicy(net, 2, np.random.default_rng(1))
     for _ in range(100):
         first.act(obs)
-    saved = _policy_state(first)
+    saved = first.get_state()
     expected = [first.act(obs) for _ in range(200)]
     second = ActorCriticPolicy(net, 2, np.random.default_rng(99))
-    _set_policy_state(second, saved)
+    second.set_state(saved)
     np.testing.assert_array_equal([second.act(obs) for _ in range(200)], expected)
+
+
+def test_epsilon_greedy_policy_state_resumes_its_actions_and_schedules():
+    """Actions after a restore equal those of the uninterrupted policy: RNG, sampled final
+    epsilons and the annealing position all travel in the state."""
+    torch.manual_seed(0)
+    net = build_q_network((4,), 3, kind="mlp", hidden=8)
+    obs = np.random.default_rng(5).normal(size=(3, 4)).astype(np.float32)
+    first = EpsilonGreedyPolicy(net, 3, 400, 1, np.random.default_rng(1))
+    for _ in range(50):
+        first.act(obs)
+    saved = first.get_state()
+    expected = [first.act(obs) for _ in range(100)]
+    second = EpsilonGreedyPolicy(net, 3, 400, 1, np.random.default_rng(99))
+    second.set_state(saved)
+    np.testing.assert_array_equal(second.final_epsilons, first.final_epsilons)
+    np.testing.assert_array_equal([second.act(obs) for _ in range(100)], expected)
+    np.testing.assert_allclose(second.epsilons(), first.epsilons())
 
 
 def test_clip_by_global_norm():
@@ -301,7 +240,7 @@ def test_target_refresh_due_once_per_multiple():
 @pytest.mark.parametrize("algo, extra", [("one_step_q", []), ("one_step_sarsa", []),
                                          ("n_step_q", []), ("a3c", ["--set", "lstm=true"])])
 def test_short_run_under_mpi(algo, extra, tmp_path):
-    from hpcrl.metrics import read_metrics
+    from hpcrl.io.metrics import read_metrics
 
     run_dir = tmp_path / "r"
     proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", f"configs/{algo}_cartpole.toml",

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from hpcrl import checkpoint as ck
+from hpcrl.io import checkpoint as ck
 from tests.util import run_mpi
 
 pytestmark = pytest.mark.mpi

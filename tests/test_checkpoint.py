@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcrl import checkpoint as ck
+from hpcrl.io import checkpoint as ck
 
 
 def make_gen(root, gen, ranks=2, value=0.0):

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from hpcrl import checkpoint as ckpt
+from hpcrl.io import checkpoint as ckpt
 from hpcrl.config import load_config, to_toml
-from hpcrl.diagnose import DiagnoseError, main, zero_fractions
+from hpcrl.tools.diagnose import DiagnoseError, main, zero_fractions
 
 # configs/a3c_cartpole.toml with 4 hidden units: tensors in the flat vector's order
 TENSORS = [("torso.0.weight", 16), ("torso.0.bias", 4), ("torso.2.weight", 16),

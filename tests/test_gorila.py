@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 from tests.util import run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -137,9 +137,9 @@ def test_learner_counts_outlier_and_nonfinite_drops():
     import torch
 
     from hpcrl.config import load_config
-    from hpcrl.gorila import GorilaLearner
-    from hpcrl.networks import MLPQNetwork
-    from hpcrl.types import Transition
+    from hpcrl.agents.gorila.learner import GorilaLearner
+    from hpcrl.rl.networks import MLPQNetwork
+    from hpcrl.rl.types import Transition
 
     torch.manual_seed(0)
     cfg = load_config(None, ["outlier_k=3"])
@@ -156,4 +156,5 @@ def test_learner_counts_outlier_and_nonfinite_drops():
         assert learner.gradient(batch(0.01 * (i % 3))) is not None
     assert learner.gradient(batch(1e4)) is None          # |TD| ~ 1e4: far above mean + 3 std
     assert learner.gradient(batch(np.nan)) is None
-    assert (learner.updates, learner.dropped_outlier, learner.dropped_nonfinite) == (10, 1, 1)
+    stats = learner.stats
+    assert (stats.updates, stats.dropped_outlier, stats.dropped_nonfinite) == (10, 1, 1)

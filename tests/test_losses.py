@@ -1,10 +1,13 @@
-"""Tests for hpcrl.losses against hand-worked numbers and slow loop references."""
+"""Tests for hpcrl.rl.losses (every target, return and loss the learners use) against
+hand-worked numbers and slow loop references."""
 
 import numpy as np
 import pytest
 import torch
 
-from hpcrl import losses
+from hpcrl.rl import losses
+from hpcrl.rl.losses import (bootstrap_returns, n_step_q_targets, one_step_targets, rollout_cuts,
+                             sarsa_next_actions, value_targets)
 
 torch.set_num_threads(1)
 
@@ -38,7 +41,9 @@ def test_q_learning_and_sarsa_targets_by_hand():
     q_t = _t(Q_T).requires_grad_(True)
     args = dict(a_tm1=_t([2, 0], torch.int64), r_t=_t([1.0, -1.0]), discount_t=_t([1.0, 0.0]))
     td_q = losses.q_learning_td(q_tm1, q_t=q_t, gamma=0.9, **args)
-    td_sarsa = losses.sarsa_td(q_tm1, q_t=q_t, a_t=_t([2, 1], torch.int64), gamma=0.9, **args)
+    y_sarsa = losses.one_step_targets(args["r_t"].numpy(), args["discount_t"].numpy(),
+                                      q_t.detach().numpy(), 0.9, a_t=np.array([2, 1]))
+    td_sarsa = losses.td_error(q_tm1, args["a_tm1"], y_sarsa)
     np.testing.assert_allclose(td_q.detach().numpy(), [7.0, -5.0], rtol=1e-6)
     np.testing.assert_allclose(td_sarsa.detach().numpy(), [2.5, -5.0], rtol=1e-6)
     # The target is a constant: gradients reach q_tm1 only, at the chosen actions.
@@ -56,8 +61,9 @@ def test_q_learning_td_matches_loop_reference():
     gamma = 0.97
     td_q = losses.q_learning_td(_t(q_tm1), _t(a_tm1, torch.int64), _t(r_t), _t(discount_t),
                                 _t(q_t), gamma)
-    td_s = losses.sarsa_td(_t(q_tm1), _t(a_tm1, torch.int64), _t(r_t), _t(discount_t), _t(q_t),
-                           _t(a_t, torch.int64), gamma)
+    y_s = losses.one_step_targets(r_t.astype(np.float32), discount_t.astype(np.float32),
+                                  q_t.astype(np.float32), gamma, a_t=a_t)
+    td_s = losses.td_error(_t(q_tm1), _t(a_tm1, torch.int64), y_s)
     for b in range(16):
         # y = r + gamma max_a' Q(s', a'; theta^-) (0 beyond a terminal)   (Mnih 2015 eq. 2)
         y_q = r_t[b] + (gamma * max(q_t[b]) if discount_t[b] else 0.0)
@@ -110,12 +116,22 @@ def _reference_n_step_returns(r, discount, bootstrap, gamma):
     return out
 
 
+def _returns_without_cuts(r, discount, bootstrap, gamma):
+    """`bootstrap_returns` of one rollout with no episode end inside: only the last step
+    bootstraps, from ``bootstrap`` (the value of the state after the rollout)."""
+    boot = np.zeros(np.shape(r), np.float32)
+    boot[-1] = bootstrap
+    cuts = losses.rollout_cuts(np.zeros(np.shape(r), bool))
+    return losses.bootstrap_returns(np.asarray(r), np.asarray(discount), cuts, boot, gamma)
+
+
 def test_n_step_returns_by_hand_with_episode_end_inside():
     # gamma 0.5, r = [1, 2, 3, 4], episode ends after step 1 (discount_1 = 0), bootstrap 8:
     #   R_3 = 4 + 0.5 * 8 = 8;  R_2 = 3 + 0.5 * 8 = 7;  R_1 = 2 (terminal next state);
     #   R_0 = 1 + 0.5 * 2 = 2
-    got = losses.n_step_returns(_t([1.0, 2.0, 3.0, 4.0]), _t([1.0, 0.0, 1.0, 1.0]), _t(8.0), 0.5)
-    np.testing.assert_allclose(got.numpy(), [2.0, 2.0, 7.0, 8.0])
+    got = _returns_without_cuts(np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 0.0, 1.0, 1.0]),
+                                np.float32(8.0), 0.5)
+    np.testing.assert_allclose(got, [2.0, 2.0, 7.0, 8.0])
 
 
 def test_n_step_returns_batched_matches_reference():
@@ -124,14 +140,13 @@ def test_n_step_returns_batched_matches_reference():
     r = rng.normal(size=(num_steps, batch))
     discount = (rng.random((num_steps, batch)) < 0.7).astype(float)
     bootstrap = rng.normal(size=batch)
-    value = _t(bootstrap).requires_grad_(True)
-    got = losses.n_step_returns(_t(r), _t(discount), value, gamma)
-    assert got.shape == (num_steps, batch) and not got.requires_grad
+    got = _returns_without_cuts(r, discount, bootstrap, gamma)
+    assert got.shape == (num_steps, batch) and got.dtype == np.float32
     for b in range(batch):
         expected = _reference_n_step_returns(r[:, b], discount[:, b], bootstrap[b], gamma)
-        np.testing.assert_allclose(got[:, b].numpy(), expected, rtol=1e-5, atol=1e-5)
-        got_1d = losses.n_step_returns(_t(r[:, b]), _t(discount[:, b]), _t(bootstrap[b]), gamma)
-        np.testing.assert_allclose(got_1d.numpy(), expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[:, b], expected, rtol=1e-5, atol=1e-5)
+        got_1d = _returns_without_cuts(r[:, b], discount[:, b], bootstrap[b], gamma)
+        np.testing.assert_allclose(got_1d, expected, rtol=1e-5, atol=1e-5)
 
 
 def _reference_a3c(logits, values, actions, returns, beta, value_coef):
@@ -158,7 +173,7 @@ def test_a3c_loss_matches_reference_and_gradients():
     actions_np = rng.integers(0, num_actions, num_steps)
     r = rng.normal(size=num_steps)
     discount = np.array([1.0, 1.0, 0.0, 1.0, 1.0])  # Episode ends inside the rollout.
-    returns = losses.n_step_returns(_t(r), _t(discount), _t(0.3), 0.99)
+    returns = torch.from_numpy(_returns_without_cuts(r, discount, 0.3, 0.99))
     returns_np = _reference_n_step_returns(r, discount, 0.3, 0.99)
     np.testing.assert_allclose(returns.numpy(), returns_np, rtol=1e-5)
 
@@ -197,3 +212,89 @@ def test_a3c_loss_batched_rollout_equals_sum_of_columns():
                                _t(returns[:, b])) for b in range(3)]
     for key in batched:
         assert batched[key].item() == pytest.approx(sum(c[key].item() for c in columns), rel=1e-5)
+
+
+# ------------------------------------------------------------------ targets of rollouts [T, N]
+def col(*xs, dtype=np.float32):
+    """A [T, 1] column (one environment)."""
+    return np.array(xs, dtype)[:, None]
+
+
+# ------------------------------------------------------------------------------ n-step returns
+def test_n_step_q_targets_terminal_in_the_middle():
+    # gamma 0.5; step 1 ends the episode at a terminal state (discount 0).
+    #   step     0   1*  2   3
+    #   r        1   2   3   4
+    #   max q_t 10  20  30  40   (max_a Q(s_t, a; theta-))
+    # R3 = 4 + .5 * 40 = 24; R2 = 3 + .5 * 24 = 15; R1 = 2 (terminal); R0 = 1 + .5 * 2 = 2
+    q_t = np.stack([col(10, 20, 30, 40), col(0, 0, 0, 0)], axis=-1)     # [T, 1, 2]
+    y = n_step_q_targets(col(1, 2, 3, 4), col(1, 0, 1, 1), col(0, 1, 0, 0, dtype=bool), q_t, 0.5)
+    np.testing.assert_allclose(y[:, 0], [2, 2, 15, 24])
+
+
+def test_n_step_returns_time_limit_in_the_middle_bootstraps_there():
+    # Same rollout, but the episode is cut by the time limit at step 1 (discount 1): R1
+    # bootstraps from its own s_t: R1 = 2 + .5 * 20 = 12; R0 = 1 + .5 * 12 = 7.
+    y = bootstrap_returns(col(1, 2, 3, 4), col(1, 1, 1, 1), col(0, 1, 0, 1, dtype=bool),
+                          col(10, 20, 30, 40), 0.5)
+    np.testing.assert_allclose(y[:, 0], [7, 12, 15, 24])
+
+
+def test_bootstrap_returns_matches_the_forward_sum_without_cuts_and_a_slow_loop():
+    rng = np.random.default_rng(0)
+    T, N, gamma = 6, 3, 0.9
+    r = rng.normal(size=(T, N)).astype(np.float32)
+    d = (rng.random((T, N)) > 0.2).astype(np.float32)
+    boot = rng.normal(size=(T, N)).astype(np.float32)
+    no_cuts = rollout_cuts(np.zeros((T, N), bool))
+    ours = bootstrap_returns(r, d, no_cuts, boot, gamma)
+    for n in range(N):
+        ref = _reference_n_step_returns(r[:, n], d[:, n], boot[-1, n], gamma)
+        np.testing.assert_allclose(ours[:, n], ref, rtol=1e-5, atol=1e-6)
+    end = rng.random((T, N)) < 0.3
+    ours = bootstrap_returns(r, d, rollout_cuts(end), boot, gamma)
+    for n in range(N):                 # the paper's backward loop, restarting at every cut
+        R = 0.0
+        for i in reversed(range(T)):
+            nxt = boot[i, n] if (end[i, n] or i == T - 1) else R
+            R = r[i, n] + gamma * d[i, n] * nxt
+            assert ours[i, n] == pytest.approx(R, rel=1e-6)
+
+
+def test_rollout_cuts_marks_ends_and_last_step():
+    end = np.array([[0, 1], [1, 0], [0, 0]], bool)
+    np.testing.assert_array_equal(rollout_cuts(end), [[0, 1], [1, 0], [1, 1]])
+    assert not end[-1].any()           # input untouched
+
+
+# ------------------------------------------------------------------------------ one-step targets
+Q_T_ROLLOUT = np.array([[1, 5], [3, 2], [0, 4]], np.float32)[:, None]     # [T=3, N=1, A=2]
+
+
+def test_one_step_q_and_sarsa_targets_differ_by_the_action_taken():
+    # gamma .9, r = 1, 0, 2, no terminal; actions taken a_tm1 = 1, 0, 0 and a' = 0 after.
+    # Q-learning: y = r + .9 max q_t       = 1 + 4.5, 0 + 2.7, 2 + 3.6 = 5.5, 2.7, 5.6
+    # Sarsa:      a_t = 0, 0, 0 (next actions): y = 1 + .9, 0 + 2.7, 2 + 0 = 1.9, 2.7, 2.0
+    r, d = col(1, 0, 2), col(1, 1, 1)
+    a_tm1, end = col(1, 0, 0, dtype=np.int64), col(0, 0, 0, dtype=bool)
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T_ROLLOUT, 0.9)[:, 0], [5.5, 2.7, 5.6], rtol=1e-6)
+    a_t = sarsa_next_actions(a_tm1, np.array([0]), end, Q_T_ROLLOUT)
+    np.testing.assert_array_equal(a_t[:, 0], [0, 0, 0])
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T_ROLLOUT, 0.9, a_t)[:, 0], [1.9, 2.7, 2.0],
+                               rtol=1e-6)
+    np.testing.assert_allclose(value_targets("one_step_sarsa", r, d, end, a_tm1, Q_T_ROLLOUT, 0.9,
+                                             np.array([0])),
+                               [[1.9], [2.7], [2.0]], rtol=1e-6)
+
+
+def test_one_step_targets_with_an_episode_end_in_the_middle():
+    # Step 1 ends the episode at a terminal: its target is r only (0), and the action taken
+    # next (a_tm1[2] = 1) belongs to the new episode, so Sarsa must not use it (argmax instead,
+    # unused at a terminal). a' = 1 for the last step: y2 = 2 + .9 * q_t[2][1] = 5.6.
+    r, d = col(1, 0, 2), col(1, 0, 1)
+    a_tm1, end = col(0, 0, 1, dtype=np.int64), col(0, 1, 0, dtype=bool)
+    a_t = sarsa_next_actions(a_tm1, np.array([1]), end, Q_T_ROLLOUT)
+    np.testing.assert_array_equal(a_t[:, 0], [0, 0, 1])
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T_ROLLOUT, 0.9, a_t)[:, 0], [1.9, 0.0, 5.6],
+                               rtol=1e-6)
+    np.testing.assert_allclose(one_step_targets(r, d, Q_T_ROLLOUT, 0.9)[:, 0], [5.5, 0.0, 5.6], rtol=1e-6)

@@ -1,4 +1,4 @@
-"""Tests of hpcrl.metrics: schema round trip, live SWMR reads, crash + resume, rollback, damage."""
+"""Tests of hpcrl.io.metrics: schema round trip, live SWMR reads, crash + resume, rollback, damage."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcrl.metrics import COLUMNS, GROUPS, MetricsError, MetricsWriter, read_metrics
+from hpcrl.io.metrics import COLUMNS, GROUPS, MetricsError, MetricsWriter, read_metrics
 
 ATTRS = dict(algo="a3c_ff", game="pong", seed=3, config='algo = "a3c_ff"\n')
 
@@ -109,7 +109,7 @@ def test_bad_input_is_rejected(tmp_path):
 WRITER_CHILD = """
     import sys, time
     import numpy as np
-    from hpcrl.metrics import MetricsWriter
+    from hpcrl.io.metrics import MetricsWriter
     path, num_flushes = sys.argv[1], int(sys.argv[2])
     w = MetricsWriter(path, dict(algo="gorila", game="breakout", seed=0, config=""))
     print("ready", flush=True)
@@ -163,7 +163,7 @@ def test_read_while_another_process_appends(tmp_path):
 
 CRASH_CHILD = """
     import os, signal, sys
-    from hpcrl.metrics import MetricsWriter
+    from hpcrl.io.metrics import MetricsWriter
     w = MetricsWriter(sys.argv[1], dict(algo="gorila", game="breakout", seed=0, config=""))
     for f in (100, 200, 300):
         w.append("episodes", frames=f, return_=float(f), length=10, rank=0)
@@ -313,7 +313,7 @@ def test_damaged_files_raise_metrics_error(tmp_path):
 def test_corrupt_file_of_a_crashed_writer_fails_fast(tmp_path):
     """A crashed SWMR file can only be read in SWMR mode, where HDF5 by default retries every
     bad metadata checksum 100 times with back-off: this very file took > 60 s that way."""
-    from hpcrl.metrics import _hdf5_library
+    from hpcrl.io.metrics import _hdf5_library
 
     assert _hdf5_library() is not None  # the read-attempt bound is in force
     path = tmp_path / "metrics.h5"

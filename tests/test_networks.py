@@ -1,4 +1,4 @@
-"""Tests of hpcrl.networks: parameter counts by hand, shapes, flat round trips, LSTM resets."""
+"""Tests of hpcrl.rl.networks and hpcrl.runtime.params.layout: parameter counts by hand, shapes, flat round trips, LSTM resets."""
 
 import time
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.networks import (A3CNetwork, MLPActorCritic, MLPQNetwork, NatureQNetwork, ParamLayout,
+from hpcrl.runtime.params.layout import ParamLayout
+from hpcrl.rl.networks import (A3CNetwork, MLPActorCritic, MLPQNetwork, NatureQNetwork,
                             build_actor_critic, build_q_network, num_params, reset_lstm_state)
 
 torch.set_num_threads(1)
@@ -118,7 +119,8 @@ def test_bind_makes_parameters_and_grads_views_of_flat_buffers():
     import numpy as np
     import torch
 
-    from hpcrl.networks import MLPQNetwork, ParamLayout
+    from hpcrl.rl.networks import MLPQNetwork
+    from hpcrl.runtime.params.layout import ParamLayout
 
     torch.manual_seed(0)
     net, ref = MLPQNetwork(4, 2, hidden=(8,)), MLPQNetwork(4, 2, hidden=(8,))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hpcrl.optim import KINDS, ShardOptimizer, fused_available
+from hpcrl.runtime.params.optim import KINDS, ShardOptimizer, fused_available
 from tests.mpi.store_checks_reference import reference_updates
 
 
@@ -12,7 +12,7 @@ def path(request, monkeypatch):
     """Run a test on the fused C loop and on the numpy fallback."""
     if request.param == "fused":
         if not fused_available():
-            pytest.fail("hpcrl._kernels is not built (pip install -e . with a C compiler)")
+            pytest.fail("hpcrl.runtime.params._kernels is not built (pip install -e . with a C compiler)")
     else:
         monkeypatch.setenv("HPCRL_NO_KERNELS", "1")
     return request.param
@@ -78,7 +78,7 @@ def test_state_round_trip_and_shape_check():
 
 
 def test_fused_rejects_wrong_buffers():
-    from hpcrl import _kernels
+    from hpcrl.runtime.params import _kernels
 
     f = np.zeros(4, np.float32)
     with pytest.raises(ValueError, match="differ in size"):
@@ -92,7 +92,7 @@ def test_fused_rejects_wrong_buffers():
 def test_fused_kernel_at_every_alignment(offset, n):
     """The C loop on views that start at any float offset and have odd lengths gives numpy's
     float32 numbers and writes nothing outside the view (a guard for vectorised variants)."""
-    from hpcrl import _kernels
+    from hpcrl.runtime.params import _kernels
 
     rng = np.random.default_rng(n + offset)
     theta, g = rng.normal(size=(2, n)).astype(np.float32)

@@ -1,11 +1,11 @@
-"""Tests for hpcrl.policies: schedules, epsilon-greedy, final epsilons, the loss-outlier filter."""
+"""Tests for hpcrl.rl.policies: schedules, epsilon-greedy, final epsilons, the loss-outlier filter."""
 
 import math
 
 import numpy as np
 import pytest
 
-from hpcrl.policies import (LinearSchedule, LossOutlierFilter, epsilon_greedy, linear_lr,
+from hpcrl.rl.policies import (LinearSchedule, LossOutlierFilter, epsilon_greedy, linear_lr,
                             sample_final_epsilon)
 
 

@@ -1,4 +1,4 @@
-"""Tests for hpcrl.replay.ReplayMemory.
+"""Tests for hpcrl.rl.replay.ReplayMemory.
 
 Buffers are drawn in comments as the ring's slots, `f` marks an episode's first frame (add_first),
 `*` a terminal step, `^` the write head (next slot to be written). Frames are 1-element vectors
@@ -8,7 +8,8 @@ whose value names them, so expected stacks can be written out by hand; 0 is zero
 import numpy as np
 import pytest
 
-from hpcrl.replay import ReplayMemory, generator_state_from_array, generator_state_to_array
+from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
+from hpcrl.rl.replay import ReplayMemory
 
 
 def _frame(value):
@@ -157,7 +158,7 @@ def test_size_capacity_and_counters_while_filling():
 def test_bytes_per_transition_atari():
     memory = ReplayMemory(capacity=10_000, frame_shape=(84, 84), frame_dtype=np.uint8, stack=4,
                           seed=0)
-    # One 84x84 uint8 frame is 7,056 bytes; the target for all storage is 7,300 (ARCHITECTURE §4).
+    # One 84x84 uint8 frame is 7,056 bytes; the target for all storage is 7,300 bytes.
     assert 7056 < memory.bytes_per_transition <= 7300
     memory.add_first(np.full((84, 84), 7, np.uint8))
     memory.add(3, 1.0, False, np.full((84, 84), 9, np.uint8))

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hpcrl.reshard import layout_change_error, merge_pieces, shard_pieces, worker_source_rank
-from hpcrl.topology import shard_ranges
+from hpcrl.runtime.reshard import layout_change_error, merge_pieces, shard_pieces, worker_source_rank
+from hpcrl.runtime.topology import shard_ranges
 
 
 def shard_states(full, n_ps, n_clients=2):

@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from hpcrl import checkpoint as ck
-from hpcrl.metrics import read_metrics
+from hpcrl.io import checkpoint as ck
+from hpcrl.io.metrics import read_metrics
 from tests.util import ROOT, mpiexec_path
 
 pytestmark = pytest.mark.mpi
@@ -151,7 +151,7 @@ def test_resume_with_more_then_fewer_ps_ranks(tmp_path):
             joined_old = np.concatenate([s_old[f][key] for f in files_of(m_old, "ps")], axis=-1)
             joined_new = np.concatenate([s_new[f][key] for f in files_of(m_new, "ps")], axis=-1)
             np.testing.assert_array_equal(joined_old, joined_new, err_msg=key)
-        for name in ("frames", "steps", "episodes", "applied"):
+        for name in ("frames", "steps", "applied"):
             assert s_old["rank-00000.h5"][f"hdr/{name}"] == s_new["rank-00000.h5"][f"hdr/{name}"]
         workers_old = files_of(m_old, "actor-learner")
         workers_new = files_of(m_new, "actor-learner")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.games import A3C_57, GORILA_49
-from hpcrl.metrics import read_metrics
+from hpcrl.io.metrics import read_metrics
 from tests.util import ROOT
 
 SCRIPTS = ["slurm/common.sh", "slurm/gorila_49games.sh", "slurm/a3c_57games.sh",

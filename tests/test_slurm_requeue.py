@@ -1,4 +1,4 @@
-"""The SLURM requeue path end to end (ARCHITECTURE.md section 7), on a single-node SLURM
+"""The SLURM requeue path end to end (docs/cluster.md), on a single-node SLURM
 (scripts/slurm_local.sh; skipped with the reason when sbatch, squeue and sinfo do not answer):
 
     --signal=B:USR1@<s> -> batch shell forwards SIGUSR1 to mpiexec -> every rank -> coordinated
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcrl import checkpoint as ck
-from hpcrl.metrics import read_metrics
+from hpcrl.io import checkpoint as ck
+from hpcrl.io.metrics import read_metrics
 from tests.test_slurm import _clean_env, _slurm_unavailable_reason
 from tests.util import ROOT
 

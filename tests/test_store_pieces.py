@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hpcrl.params.store import piece_puts
-from hpcrl.topology import shard_ranges
+from hpcrl.runtime.params.store import piece_puts
+from hpcrl.runtime.topology import shard_ranges
 
 
 def test_piece_puts_by_hand():

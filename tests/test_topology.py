@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.config import load_config
-from hpcrl.topology import (LayoutError, Role, derive_n_ps, format_table, make_layout,
+from hpcrl.runtime.topology import (LayoutError, Role, derive_n_ps, format_table, make_layout,
                             ps_positions, shard_ranges)
 
 PS, AL, L, A, R, E = (Role.PS, Role.ACTOR_LEARNER, Role.LEARNER, Role.ACTOR, Role.REPLAY,

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.replay_server import BatchClient, ChunkSender, ReplayServer
+from hpcrl.runtime.replay_server import BatchClient, ChunkSender, ReplayServer
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()

@@ -13,9 +13,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.optim import ShardOptimizer
-from hpcrl.params.store import ParameterStore, ShardServer, StoreSpec
-from hpcrl.topology import ps_positions
+from hpcrl.runtime.params.optim import ShardOptimizer
+from hpcrl.runtime.params.store import ParameterStore, ShardServer, StoreSpec
+from hpcrl.runtime.topology import ps_positions
 
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
 from store_checks_reference import reference_updates  # noqa: E402

@@ -1,0 +1,180 @@
+"""The gradient of one rollout for any of the four asynchronous methods (Mnih et al. 2016).
+
+* value methods (one-step Q, one-step Sarsa, n-step Q): targets from the target network
+  theta- (`hpcrl.rl.losses.value_targets`), the DQN loss (Huber by default) summed over the
+  rollout's transitions: each transition's gradient is its TD error clipped to [-1, 1] (DQN
+  error clipping) where the paper wrote the plain squared error. The one-step methods compute
+  the t_max per-step gradients of one rollout in one batched backward pass; theta does not
+  change between pulls here, so the sum equals the paper's accumulation step by step.
+* A3C (Algorithm S3): n-step returns bootstrapped with V(s_T; theta)
+  (`hpcrl.rl.losses.bootstrap_returns`), advantage R - V(s), entropy regularisation, feed-
+  forward or LSTM (state carried across rollouts, zeroed at episode ends).
+* Every gradient is clipped to a global norm (``grad_clip_norm``) before it is pushed.
+
+An episode cut by the time limit (not terminal) bootstraps from the state it was cut at, with
+V or Q of that state; for Sarsa, whose next action does not exist there, with the max.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hpcrl.agents.async_rl.rollout import Rollout, flat_batch
+from hpcrl.config import Config
+from hpcrl.core import LearnerStats
+from hpcrl.rl.losses import a3c_loss, bootstrap_returns, dqn_loss, rollout_cuts, td_error, \
+    value_targets
+from hpcrl.rl.networks import reset_lstm_state
+from hpcrl.runtime.params.layout import ParamLayout
+
+VALUE_METHODS = ("one_step_q", "one_step_sarsa", "n_step_q")
+
+
+def clip_by_global_norm(grad: np.ndarray | list[np.ndarray], max_norm: float) -> float:
+    """Scale ``grad`` (one array or the pieces of one vector) in place so that its global L2
+    norm is at most ``max_norm`` (0 = no clipping).
+
+    Returns:
+        The norm before clipping.
+    """
+    pieces = [grad] if isinstance(grad, np.ndarray) else grad
+    # float32 BLAS dots (no float64 copies), summed in float64
+    norm = float(np.sqrt(sum(float(np.dot(g, g)) for g in pieces)))
+    if max_norm > 0 and norm > max_norm:
+        for g in pieces:
+            g *= np.float32(max_norm / norm)
+    return norm
+
+
+def _recurrent(net: torch.nn.Module) -> bool:
+    """Whether ``net`` carries an LSTM state between steps (A3C LSTM)."""
+    return getattr(net, "lstm", None) is not None
+
+
+def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
+    """Run the actor-critic over a rollout, as the actor did, keeping the graph.
+
+    The LSTM state starts at ``rollout.state0`` and is zeroed after every episode end, exactly
+    where the acting loop zeroed it, so the outputs equal those seen while acting (for the same
+    parameters).
+
+    Returns:
+        logits [T, N, A], values [T, N], and the state after each step before any reset (a list
+        of T states; None entries for feed-forward nets), which bootstraps V(s_t[i]).
+    """
+    T, N = rollout.a_tm1.shape
+    if not _recurrent(net):
+        # feed-forward: one batched pass over all T * N states (one backward graph, not T)
+        lg, v, _ = net(torch.from_numpy(flat_batch(rollout.s_tm1)), None)
+        return lg.reshape(T, N, -1), v.reshape(T, N), [None] * T
+    state = rollout.state0
+    logits, values, after = [], [], []
+    for i in range(rollout.s_tm1.shape[0]):
+        lg, v, state = net(torch.from_numpy(rollout.s_tm1[i]), state)
+        logits.append(lg)
+        values.append(v)
+        after.append(state)
+        state = reset_lstm_state(state, rollout.end_t[i])
+    return torch.stack(logits), torch.stack(values), after
+
+
+@torch.no_grad()
+def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) -> np.ndarray:
+    """V(s_t[i]; theta) where step i's return bootstraps (cut and not terminal), else 0.
+
+    Returns:
+        [T, N] float32.
+    """
+    cut_t = rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)
+    v_t = np.zeros(rollout.r_t.shape, np.float32)
+    for i in np.flatnonzero(cut_t.any(axis=1)):
+        _, v, _ = net(torch.from_numpy(rollout.s_t[i]), after[i])
+        v_t[i] = np.where(cut_t[i], v.numpy(), 0.0)
+    return v_t
+
+
+def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
+    """logits [T, N, A] and values [T, N] with their graph, and the bootstrap values v_t [T, N]
+    of :func:`actor_critic_bootstrap`.
+
+    Feed-forward nets get all three from one batched pass: the states that bootstrap a return
+    ride along with the rollout's states and their values are detached (one forward call per
+    rollout instead of two). Recurrent nets unroll step by step.
+    """
+    T, N = rollout.a_tm1.shape
+    if _recurrent(net):
+        logits, values, after = unroll_actor_critic(net, rollout)
+        return logits, values, actor_critic_bootstrap(net, rollout, after)
+    cut = (rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)).reshape(-1)
+    idx = np.flatnonzero(cut)
+    x = flat_batch(rollout.s_tm1)
+    if idx.size:
+        x = np.concatenate([x, flat_batch(rollout.s_t)[idx]])
+    lg, v, _ = net(torch.from_numpy(x), None)
+    v_t = np.zeros(T * N, np.float32)
+    v_t[idx] = v[T * N:].detach().numpy()
+    return lg[:T * N].reshape(T, N, -1), v[:T * N].reshape(T, N), v_t.reshape(T, N)
+
+
+class AsyncLearner:
+    """The gradient of one rollout, for any of the four methods, as the flat vector in pieces
+    (one per parameter, see ``ParamLayout.grad_pieces``)."""
+
+    def __init__(self, net: torch.nn.Module, target: torch.nn.Module | None, cfg: Config):
+        self.net, self.target, self.cfg = net, target, cfg
+        self.layout = ParamLayout.from_module(net)
+        self.stats = LearnerStats()
+        self.sq_norm = 0.0
+
+    def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
+        """Summed loss of the rollout's transitions (the paper accumulates their gradients)."""
+        if self.cfg.algo == "a3c":
+            logits, values, v_t = actor_critic_outputs(self.net, rollout)
+            returns = bootstrap_returns(rollout.r_t, rollout.discount_t,
+                                        rollout_cuts(rollout.end_t), v_t, self.cfg.gamma)
+            out = a3c_loss(logits, values, torch.from_numpy(rollout.a_tm1),
+                           torch.from_numpy(returns), self.cfg.entropy_beta, self.cfg.value_coef)
+            return out["total"]
+        T, N = rollout.a_tm1.shape
+        with torch.no_grad():
+            q_t = self.target(torch.from_numpy(flat_batch(rollout.s_t))).numpy()
+        y = value_targets(self.cfg.algo, rollout.r_t, rollout.discount_t, rollout.end_t,
+                          rollout.a_tm1, q_t.reshape(T, N, -1), self.cfg.gamma, a_next)
+        q_tm1 = self.net(torch.from_numpy(flat_batch(rollout.s_tm1)))
+        td = td_error(q_tm1, torch.from_numpy(rollout.a_tm1.reshape(-1)), y.reshape(-1))
+        return dqn_loss(td, self.cfg.loss, reduction="sum")
+
+    def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None
+                 ) -> list[np.ndarray] | None:
+        """Norm-clipped gradient of `loss` in pieces (valid until the next call), or None if it
+        is not finite.
+
+        Backward writes fresh ``.grad`` tensors (``set_to_none``) that are pushed as they are:
+        accumulating into a zeroed flat buffer instead costs a pass that zeroes the whole
+        vector and an add where a fresh tensor is simply kept.
+        """
+        loss = self.loss(rollout, a_next)
+        value = float(loss.detach())
+        if not np.isfinite(value):
+            self.stats.dropped_nonfinite += 1
+            return None
+        self.net.zero_grad(set_to_none=True)
+        loss.backward()
+        grad = self.layout.grad_pieces(self.net)
+        norm = clip_by_global_norm(grad, self.cfg.grad_clip_norm)
+        if not np.isfinite(norm):
+            self.stats.dropped_nonfinite += 1
+            return None
+        clipped = min(norm, self.cfg.grad_clip_norm) if self.cfg.grad_clip_norm > 0 else norm
+        self.sq_norm = clipped * clipped          # of the gradient returned; push tells the ps
+        self.stats.loss_sum += value
+        self.stats.loss_count += 1
+        self.stats.updates += 1
+        return grad
+
+
+def target_refresh_due(steps_after: int, num_steps: int, every: int) -> bool:
+    """Whether adding ``num_steps`` to the global step counter (now ``steps_after``) crossed a
+    multiple of ``every`` (I_target): exactly one rank's addition crosses each multiple."""
+    return steps_after // every > (steps_after - num_steps) // every

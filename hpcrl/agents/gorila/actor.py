@@ -1,0 +1,115 @@
+"""The Gorila actor (Nair et al. 2015, §3): epsilon-greedy acting with a behaviour copy of the
+Q-network, pulled from the parameter store every ``actor_sync_every`` agent steps (1 = the
+paper's "before every acting step"), each step written to a replay sink."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hpcrl.agents.evaluation import evaluate
+from hpcrl.config import Config
+from hpcrl.core import sub_state, with_prefix
+from hpcrl.envs import make_env_from_config
+from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
+from hpcrl.rl.networks import build_network
+from hpcrl.rl.policies import LinearSchedule, epsilon_greedy
+from hpcrl.rl.replay import ReplayMemory
+from hpcrl.runtime.context import ClientLink, rank_seed
+from hpcrl.runtime.params.header import Word
+from hpcrl.runtime.params.layout import bind_parameters
+from hpcrl.runtime.params.store import ParameterStore
+
+
+class LocalReplaySink:
+    """Where a bundle's actor writes: one local replay memory per environment."""
+
+    def __init__(self, replays: list[ReplayMemory]):
+        self.replays = replays
+
+    def first(self, i: int, frame: np.ndarray) -> None:
+        self.replays[i].add_first(frame)
+
+    def add(self, i: int, action: int, reward: float, terminal: bool, frame: np.ndarray) -> None:
+        self.replays[i].add(action, reward, terminal, frame)
+
+
+class Actor:
+    """Epsilon-greedy acting with a behaviour copy of the Q-network (Gorila's actor).
+
+    Pulls the parameters every ``actor_sync_every`` agent steps, writes each step to ``sink``
+    (local replay or a global-replay sender), reports finished episodes and runs the periodic
+    evaluation between steps.
+    """
+
+    def __init__(self, cfg: Config, rank: int, store: ParameterStore, link: ClientLink, sink,
+                 env=None, net: torch.nn.Module | None = None):
+        self.cfg, self.rank, self.store, self.link, self.sink = cfg, rank, store, link, sink
+        self.seed = rank_seed(cfg.seed, rank)
+        self.rng = np.random.default_rng(self.seed)
+        self.env = env or make_env_from_config(cfg, cfg.envs_per_actor, self.seed, training=True)
+        self.net = net or build_network(cfg, self.env.obs_shape, self.env.num_actions)
+        self.layout, self.theta = bind_parameters(self.net)   # a pull into theta updates net
+        self.epsilon = LinearSchedule(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_frames)
+        self.image = len(self.env.obs_shape) == 3
+        self.frames_per_step = self.env.frames_per_step * self.env.num_envs
+        self.frames = store.word(Word.FRAMES)
+        self.local_frames = self.steps = 0
+        self.global_frames = self.frames.read()              # > 0 after a resume
+        # Actors evaluate between training steps only when no evaluator ranks do it.
+        self.next_eval = (cfg.eval_every_frames or None) if cfg.n_evaluators == 0 else None
+        self.obs = self.env.reset()
+        for i in range(self.env.num_envs):
+            sink.first(i, self._newest(self.obs[i]))
+        self.sync()
+
+    def get_state(self) -> dict:
+        """Environment (emulators included), observation, RNG and schedule position."""
+        return {**with_prefix("env", self.env.get_state()), "obs": self.obs.copy(),
+                "rng": generator_state_to_array(self.rng),
+                "local_frames": np.int64(self.local_frames), "steps": np.int64(self.steps),
+                "next_eval": np.int64(-1 if self.next_eval is None else self.next_eval)}
+
+    def set_state(self, state: dict) -> None:
+        self.env.set_state(sub_state(state, "env"))
+        self.obs = np.array(state["obs"])
+        generator_state_from_array(self.rng, state["rng"])
+        self.local_frames, self.steps = int(state["local_frames"]), int(state["steps"])
+        self.next_eval = None if int(state["next_eval"]) < 0 else int(state["next_eval"])
+
+    def restart_streams(self) -> None:
+        """After a resume without replay contents: start new replay episodes at the current
+        observation, so that stacking never reaches into frames that were not restored."""
+        for i in range(self.env.num_envs):
+            self.sink.first(i, self._newest(self.obs[i]))
+
+    def _newest(self, obs: np.ndarray) -> np.ndarray:
+        return obs[-1] if self.image else obs
+
+    def sync(self) -> None:
+        self.versions = self.store.pull(self.theta)
+
+    def step(self) -> int:
+        """One agent step in every environment; returns the global frame count after it."""
+        if self.steps % self.cfg.actor_sync_every == 0 and self.steps:
+            self.sync()
+        with torch.no_grad():
+            q = self.net(torch.from_numpy(self.obs)).numpy()
+        actions = np.asarray(epsilon_greedy(q, self.epsilon.value(self.local_frames), self.rng))
+        res = self.env.step(actions)
+        self.steps += 1
+        self.local_frames += self.frames_per_step
+        self.global_frames = self.frames.add(self.frames_per_step)
+        for i in range(self.env.num_envs):
+            self.sink.add(i, int(actions[i]), float(res.reward[i]), bool(res.terminal[i]),
+                          res.last_frame[i])
+            if res.episode_end[i]:
+                self.sink.first(i, self._newest(res.obs[i]))
+                self.link.episode(self.global_frames, float(res.episode_return[i]),
+                                  int(res.episode_frames[i]))
+        self.obs = res.obs
+        if self.next_eval is not None and self.local_frames >= self.next_eval:
+            self.next_eval += self.cfg.eval_every_frames
+            for ret, length in evaluate(self.net, self.cfg, self.seed + self.steps, self.rng):
+                self.link.episode(self.global_frames, ret, length, eval_=True)
+        return self.global_frames

@@ -1,0 +1,70 @@
+"""The Gorila learner: the DQN gradient of one minibatch, as a flat vector, and the drop rules.
+
+The loss is Nature DQN's (Mnih et al. 2015) with the target network theta-; the learner drops
+gradients whose loss is an outlier (|loss| > running mean + k std, Nair et al. 2015 §4) or
+non-finite, and counts both; the ps drops stale ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hpcrl.config import Config
+from hpcrl.core import LearnerStats, sub_state, with_prefix
+from hpcrl.rl.losses import dqn_loss, q_learning_td
+from hpcrl.rl.policies import LossOutlierFilter
+from hpcrl.runtime.params.layout import ParamLayout
+
+
+class GorilaLearner:
+    """The DQN gradient of one minibatch, as a flat vector, plus the drop rules."""
+
+    def __init__(self, net: torch.nn.Module, target: torch.nn.Module, cfg: Config):
+        self.net, self.target, self.cfg = net, target, cfg
+        self.layout = ParamLayout.from_module(net)
+        self.grad = np.zeros(self.layout.size, np.float32)
+        self.layout.bind_grads(net, self.grad)          # backward() writes the flat gradient
+        self.outliers = LossOutlierFilter(cfg.outlier_k) if cfg.outlier_k > 0 else None
+        self.stats = LearnerStats()
+
+    def get_state(self) -> dict:
+        state = self.stats.get_state()
+        if self.outliers is not None:
+            state.update(with_prefix("outliers", self.outliers.get_state()))
+        return state
+
+    def set_state(self, state: dict) -> None:
+        self.stats.set_state(state)
+        if self.outliers is not None and sub_state(state, "outliers"):
+            self.outliers.set_state(sub_state(state, "outliers"))
+
+    def gradient(self, batch) -> np.ndarray | None:
+        """Flat gradient of the DQN loss on ``batch``, or None if the rules drop it."""
+        stats = self.stats
+        s_tm1 = torch.from_numpy(batch.s_tm1)
+        s_t = torch.from_numpy(batch.s_t)
+        if s_tm1.ndim == 3 and s_tm1.shape[1] == 1:      # vector obs stored with stack 1
+            s_tm1, s_t = s_tm1[:, 0], s_t[:, 0]
+        q_tm1 = self.net(s_tm1)
+        with torch.no_grad():
+            q_t = self.target(s_t)
+        td = q_learning_td(q_tm1, torch.from_numpy(batch.a_tm1), torch.from_numpy(batch.r_t),
+                           torch.from_numpy(batch.discount_t), q_t, self.cfg.gamma)
+        loss = dqn_loss(td, self.cfg.loss)
+        value = float(loss.detach())
+        if not np.isfinite(value):
+            stats.dropped_nonfinite += 1
+            return None
+        stats.loss_sum += value
+        stats.loss_count += 1
+        if self.outliers is not None and not self.outliers.accept(value):
+            stats.dropped_outlier += 1
+            return None
+        self.net.zero_grad(set_to_none=False)
+        loss.backward()
+        if not np.isfinite(self.grad.sum(dtype=np.float64)):
+            stats.dropped_nonfinite += 1
+            return None
+        stats.updates += 1
+        return self.grad

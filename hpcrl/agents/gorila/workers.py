@@ -1,0 +1,253 @@
+"""Gorila's client roles as workers of the one client loop (:mod:`hpcrl.runtime.client`).
+
+* :class:`BundleWorker`: the paper's main configuration (§4): one rank holds an actor, its
+  local replay memory and a learner. Every ``update_every`` agent steps, once the replay
+  holds ``replay_min_fill`` transitions, the learner refreshes its Q-network from the store
+  (every ``learner_sync_every`` updates) and its target network when the ps has refreshed it,
+  samples a minibatch, computes the DQN gradient and pushes it, tagged with the parameter
+  versions it was computed from. Actor and learner share one network object: the learner's
+  pulls also refresh the behaviour policy.
+* :class:`ActorWorker`, :class:`LearnerWorker`: split mode, with global replay ranks.
+* :class:`EvaluatorWorker`: evaluation episodes every ``eval_every_frames`` global frames.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hpcrl.agents.base import TargetNetwork, set_torch_rng_state, torch_rng_state
+from hpcrl.agents.evaluation import evaluate
+from hpcrl.agents.gorila.actor import Actor, LocalReplaySink
+from hpcrl.agents.gorila.learner import GorilaLearner
+from hpcrl.core import LearnerStats, sub_state, with_prefix
+from hpcrl.envs import env_spec, make_env_from_config
+from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
+from hpcrl.rl.networks import build_network
+from hpcrl.rl.policies import learning_rate
+from hpcrl.rl.replay import ReplayMemory, frame_layout
+from hpcrl.runtime.context import Context
+from hpcrl.runtime.params.header import Word
+from hpcrl.runtime.params.layout import bind_parameters
+from hpcrl.runtime.replay_server import BatchClient, ChunkSender
+from hpcrl.runtime.topology import Role
+
+LEARNER_IDLE_S = 0.01       # a learner waits this long while global replay is filling
+EVALUATOR_IDLE_S = 0.05     # an evaluator polls the frame counter this often
+
+
+def _common_state(actor: Actor | None, learner: GorilaLearner | None) -> dict:
+    state = {"torch_rng": torch_rng_state()}
+    if actor is not None:
+        state.update(with_prefix("actor", actor.get_state()))
+    if learner is not None:
+        state.update(with_prefix("learner", learner.get_state()))
+    return state
+
+
+def _restore_common(state: dict, actor: Actor | None, learner: GorilaLearner | None) -> None:
+    set_torch_rng_state(state["torch_rng"])
+    if actor is not None:
+        actor.set_state(sub_state(state, "actor"))
+    if learner is not None:
+        learner.set_state(sub_state(state, "learner"))
+
+
+class BundleWorker:
+    """Gorila bundled mode: act, store locally, learn and push."""
+
+    def __init__(self, ctx: Context):
+        cfg = self.cfg = ctx.cfg
+        self.store = ctx.store
+        self.n_env = n_env = cfg.envs_per_actor
+        self.env = make_env_from_config(cfg, n_env, ctx.seed, training=True)
+        stack, frame_shape, dtype = frame_layout(self.env.obs_shape)
+        self.replays = [ReplayMemory(max(cfg.replay_capacity // n_env, 1), frame_shape, dtype,
+                                     stack, ctx.seed + i) for i in range(n_env)]
+        self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, LocalReplaySink(self.replays),
+                           env=self.env)
+        target = build_network(cfg, self.env.obs_shape, self.env.num_actions)
+        self.learner = GorilaLearner(self.actor.net, target, cfg)
+        self.target = TargetNetwork(ctx.store, target)
+        self.min_fill = max(cfg.replay_min_fill // n_env, cfg.batch_size)
+
+    def global_frames(self) -> int:
+        return self.actor.global_frames
+
+    def step(self) -> None:
+        actor, cfg = self.actor, self.cfg
+        actor.step()
+        if actor.steps % cfg.update_every or min(r.size for r in self.replays) < self.min_fill:
+            return
+        if self.learner.stats.updates % cfg.learner_sync_every == 0:
+            actor.sync()
+        self.target.refresh()
+        replay = self.replays[int(actor.rng.integers(self.n_env))]
+        grad = self.learner.gradient(replay.sample(cfg.batch_size))
+        if grad is not None:
+            self.store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames))
+
+    def stats(self) -> LearnerStats:
+        return self.learner.stats
+
+    def before_checkpoint(self) -> None:
+        pass
+
+    def after_checkpoint(self) -> None:
+        self.actor.sync()                     # parameters may have moved during the pause
+
+    def get_state(self) -> dict:
+        out = _common_state(self.actor, self.learner)
+        if self.cfg.checkpoint_replay:
+            for i, replay in enumerate(self.replays):
+                out.update(with_prefix(f"replay{i}", replay.get_state()))
+        return out
+
+    def set_state(self, state: dict) -> None:
+        _restore_common(state, self.actor, self.learner)
+        if sub_state(state, "replay0") is not None:
+            for i, replay in enumerate(self.replays):
+                replay.set_state(sub_state(state, f"replay{i}"))
+        else:
+            self.actor.restart_streams()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ActorWorker:
+    """Gorila split mode, actor: act and ship transitions to a global replay rank."""
+
+    def __init__(self, ctx: Context):
+        self.sink = ChunkSender(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY),
+                                ctx.layout.index_in_role(ctx.rank))
+        self.actor = Actor(ctx.cfg, ctx.rank, ctx.store, ctx.link, self.sink)
+
+    def global_frames(self) -> int:
+        return self.actor.global_frames
+
+    def step(self) -> None:
+        self.actor.step()
+
+    def stats(self) -> None:
+        return None
+
+    def before_checkpoint(self) -> None:
+        self.sink.marker()
+
+    def after_checkpoint(self) -> None:
+        self.actor.sync()
+
+    def get_state(self) -> dict:
+        return _common_state(self.actor, None)
+
+    def set_state(self, state: dict) -> None:
+        _restore_common(state, self.actor, None)
+        self.sink.rows.clear()                # the replay rank restored its own streams
+
+    def close(self) -> None:
+        self.actor.env.close()
+
+
+class LearnerWorker:
+    """Gorila split mode, learner: sample global replay, compute and push DQN gradients."""
+
+    def __init__(self, ctx: Context):
+        cfg = self.cfg = ctx.cfg
+        self.store = ctx.store
+        self.frames = ctx.store.word(Word.FRAMES)
+        obs_shape, num_actions = env_spec(cfg)
+        net = build_network(cfg, obs_shape, num_actions)
+        target = build_network(cfg, obs_shape, num_actions)
+        self.learner = GorilaLearner(net, target, cfg)
+        self.target = TargetNetwork(ctx.store, target)
+        _, self.theta = bind_parameters(net)
+        stack, frame_shape, dtype = frame_layout(obs_shape)
+        self.client = BatchClient(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY), ctx.seed,
+                                  (stack,) + frame_shape, dtype)
+        self.versions = None
+
+    def global_frames(self) -> int:
+        return self.frames.read()
+
+    def step(self) -> None:
+        batch = self.client.sample(self.cfg.batch_size)
+        if batch is None:                       # replay not filled yet
+            time.sleep(LEARNER_IDLE_S)
+            return
+        if self.versions is None or self.learner.stats.updates % self.cfg.learner_sync_every == 0:
+            self.versions = self.store.pull(self.theta)
+        self.target.refresh()
+        grad = self.learner.gradient(batch)
+        if grad is not None:
+            self.store.push(grad, self.versions, learning_rate(self.cfg, self.frames.read()))
+
+    def stats(self) -> LearnerStats:
+        return self.learner.stats
+
+    def before_checkpoint(self) -> None:
+        self.client.marker()
+
+    def after_checkpoint(self) -> None:
+        self.versions = None
+
+    def get_state(self) -> dict:
+        return {**_common_state(None, self.learner),
+                "client_rng": generator_state_to_array(self.client.rng)}
+
+    def set_state(self, state: dict) -> None:
+        _restore_common(state, None, self.learner)
+        generator_state_from_array(self.client.rng, state["client_rng"])
+
+    def close(self) -> None:
+        pass
+
+
+class EvaluatorWorker:
+    """Every ``eval_every_frames`` global frames, pull the current parameters and play
+    ``eval_episodes`` evaluation episodes (recorded in the ``eval`` group)."""
+
+    def __init__(self, ctx: Context):
+        cfg = self.cfg = ctx.cfg
+        self.store, self.link, self.seed = ctx.store, ctx.link, ctx.seed
+        self.rng = np.random.default_rng(ctx.seed)
+        self.net = build_network(cfg, *env_spec(cfg))
+        _, self.theta = bind_parameters(self.net)
+        self.frames_word = ctx.store.word(Word.FRAMES)
+        self.every = cfg.eval_every_frames or cfg.total_frames
+        self.next_eval, self.rounds, self.frames = self.every, 0, 0
+
+    def global_frames(self) -> int:
+        self.frames = self.frames_word.read()
+        return self.frames
+
+    def step(self) -> None:
+        if self.frames < self.next_eval:
+            time.sleep(EVALUATOR_IDLE_S)
+            return
+        self.store.pull(self.theta)
+        for ret, length in evaluate(self.net, self.cfg, self.seed + self.rounds, self.rng):
+            self.link.episode(self.frames, ret, length, eval_=True)
+        self.rounds += 1
+        self.next_eval = (self.frames // self.every + 1) * self.every
+
+    def stats(self) -> None:
+        return None
+
+    def before_checkpoint(self) -> None:
+        pass
+
+    def after_checkpoint(self) -> None:
+        pass
+
+    def get_state(self) -> dict:
+        return {"rng": generator_state_to_array(self.rng), "next_eval": np.int64(self.next_eval),
+                "rounds": np.int64(self.rounds)}
+
+    def set_state(self, state: dict) -> None:
+        generator_state_from_array(self.rng, state["rng"])
+        self.next_eval, self.rounds = int(state["next_eval"]), int(state["rounds"])
+
+    def close(self) -> None:
+        pass

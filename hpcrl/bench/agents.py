@@ -1,0 +1,423 @@
+"""Actor and learner benchmarks (``python -m hpcrl.bench actor|learner``), one process.
+
+Both compare the real code path with its bound measured in the same process and run, in
+alternating blocks so that machine noise hits both alike:
+
+* actor: agent steps/s of a Gorila actor on Pong (epsilon-greedy forward, env step, replay add,
+  parameter pulls from a real RMA store every ``actor_sync_every`` steps) against
+  ``bound_steps_per_s`` = 1 / (env step + batch-1 forward), timed as one loop of exactly those
+  two calls (the emulator and the network evict each other's data from the caches, as in the
+  actor); ``bound_separate_steps_per_s`` adds the two timed in separate loops (warm caches,
+  optimistic) and ``fraction_of_separate_bound`` is the actor against that.
+* scaling: A3C (or another asynchronous method) on Pong with 1 and with 2 actor-learners
+  (plus one ps rank each) for a fixed wall time each, frames/s from the jobs' own metrics,
+  ``speedup`` = frames/s(2) / frames/s(1), the jobs run in the order 1, 2, 1 and frames/s(1)
+  the mean of the two (drift cancels); the ps's share of a core and its CPU ms per gradient
+  (``ps_cpu_fraction_*``); and one actor-learner's agent steps/s against
+  its bound 1 / (env step + forward + rollout gradient / 5), the three phases timed inside
+  the running actor-learner over the same window (``HPCRL_PHASE_TIMES_DIR``, see
+  ``hpcrl.runtime.profiling.PhaseClock``): ``fraction`` is the share of its wall time spent in
+  them.
+  The same bound timed offline in the bench process, between the jobs (env step and forward
+  in one loop, as acting interleaves them; backward of a 5-step rollout), is reported as
+  ``fraction_of_offline_bound``.
+* learner: Gorila learner updates/s (parameter pull, replay sample, DQN gradient, gradient push)
+  against a pure torch loop (sample a batch from an in-memory array, forward, target forward,
+  backward). The store lives on this one rank (COMM_SELF); the ps's apply runs on another rank
+  in real jobs, so here the inbox is emptied in place after each push instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from hpcrl.runtime.profiling import PhaseClock
+
+PHASES = PhaseClock.PHASES
+
+
+def _rate(fn, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return n / (time.perf_counter() - t0)
+
+
+def _self_store(n_params: int, theta: np.ndarray):
+    from mpi4py import MPI
+
+    from hpcrl.runtime.params.store import ParameterStore, StoreSpec
+
+    store = ParameterStore(MPI.COMM_SELF, StoreSpec(n_params, (0,), (0,)))
+    store.initialize(theta)
+    return store
+
+
+def _setup(game: str):
+    import torch
+
+    from hpcrl.config import load_config
+    from hpcrl.envs import make_env_from_config
+    from hpcrl.rl.networks import build_network
+    from hpcrl.runtime.params.layout import ParamLayout
+
+    torch.set_num_threads(1)
+    cfg = load_config(None, [f"game={game}"])
+    env = make_env_from_config(cfg, 1, 0, training=True)
+    net = build_network(cfg, env.obs_shape, env.num_actions)
+    layout = ParamLayout.from_module(net)
+    return cfg, env, net, layout
+
+
+class _NullLink:
+    """Stands in for the reporting channel to rank 0 (no rank 0 in a one-process bench)."""
+
+    def episode(self, *args, **kwargs) -> None:
+        pass
+
+
+def bench_actor(game: str, steps: int, blocks: int) -> dict:
+    """The real :class:`hpcrl.agents.gorila.actor.Actor` (local replay sink) against env step + forward."""
+    import torch
+
+    from hpcrl.agents.gorila.actor import Actor, LocalReplaySink
+    from hpcrl.rl.replay import ReplayMemory
+
+    cfg, env, net, layout = _setup(game)
+    store = _self_store(layout.size, layout.to_flat(net))
+    rng = np.random.default_rng(0)
+    replay = ReplayMemory(steps * blocks * 3 + 10, env.frame_shape, np.uint8, 4, 0)
+    actors = {k: Actor(cfg.replace(actor_sync_every=k, eval_every_frames=0), 0, store,
+                       _NullLink(), LocalReplaySink([replay]), env=env, net=net)
+              for k in (1, cfg.actor_sync_every)}
+    obs = {"o": env.reset()}
+
+    def env_only():
+        obs["o"] = env.step(rng.integers(env.num_actions, size=1)).obs
+
+    def forward_only():
+        with torch.no_grad():
+            net(torch.from_numpy(obs["o"]))
+
+    def env_and_forward():      # the bound's two parts in one loop, caches shared as in acting
+        forward_only()
+        env_only()
+
+    r = {"env": [], "fwd": [], "both": [], "paper": [], "default": []}
+    for _ in range(blocks):
+        r["env"].append(_rate(env_only, steps))
+        r["fwd"].append(_rate(forward_only, steps))
+        r["both"].append(_rate(env_and_forward, steps))
+        r["paper"].append(_rate(actors[1].step, steps))
+        r["default"].append(_rate(actors[cfg.actor_sync_every].step, steps))
+    med = {k: float(np.median(v)) for k, v in r.items()}
+    separate = 1.0 / (1.0 / med["env"] + 1.0 / med["fwd"])
+    bound = med["both"]
+    store.free()
+    return {"bench": "actor", "game": game, "param_floats": layout.size,
+            "env_steps_per_s": med["env"], "forward_per_s": med["fwd"],
+            "bound_separate_steps_per_s": separate, "bound_steps_per_s": bound,
+            "fraction_of_separate_bound": med["default"] / separate,
+            "actor_steps_per_s_sync1": med["paper"], "fraction_sync1": med["paper"] / bound,
+            "actor_sync_every_default": cfg.actor_sync_every,
+            "actor_steps_per_s": med["default"], "fraction": med["default"] / bound}
+
+
+def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
+    import torch
+
+    from hpcrl.agents.base import TargetNetwork
+    from hpcrl.agents.gorila.learner import GorilaLearner
+    from hpcrl.rl.networks import build_network
+    from hpcrl.rl.replay import ReplayMemory
+    from hpcrl.runtime.params.optim import ShardOptimizer
+    from hpcrl.runtime.params.store import ShardServer
+
+    cfg, env, net, layout = _setup(game)
+    target = build_network(cfg, env.obs_shape, env.num_actions)
+    theta = layout.to_flat(net)
+    store = _self_store(layout.size, theta)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, size=(fill,) + env.frame_shape, dtype=np.uint8)
+    replay = ReplayMemory(fill, env.frame_shape, np.uint8, 4, 0)
+    firsts = np.zeros(fill, bool)
+    firsts[::500] = True
+    replay.add_batch(frames, rng.integers(env.num_actions, size=fill),
+                     rng.normal(size=fill).astype(np.float32), np.zeros(fill, bool), firsts)
+    learner = GorilaLearner(net, target, cfg.replace(outlier_k=0.0))
+    targets = TargetNetwork(store, target)
+    layout.bind(net, theta)
+    server = ShardServer(store, ShardOptimizer("sgd", layout.size, 1), max_staleness=10**9,
+                         target_update_every=0)
+
+    def real_update():                      # the body of LearnerWorker.step, replay local
+        versions = store.pull(theta)
+        targets.refresh()
+        grad = learner.gradient(replay.sample(cfg.batch_size))
+        store.push(grad, versions, cfg.learning_rate)
+        server.discard_inboxes()            # the ps's apply runs on another core in a job
+
+    obs_all = rng.integers(0, 255, size=(fill,) + env.obs_shape, dtype=np.uint8)
+    actions = torch.from_numpy(rng.integers(env.num_actions, size=fill))
+
+    def torch_update():
+        idx = rng.integers(fill, size=cfg.batch_size)
+        s_tm1 = torch.from_numpy(obs_all[idx])
+        s_t = torch.from_numpy(obs_all[(idx + 1) % fill])
+        q = net(s_tm1).gather(1, actions[idx][:, None])[:, 0]
+        with torch.no_grad():
+            q_t = target(s_t).max(1).values
+        loss = ((q - 0.99 * q_t) ** 2).mean()
+        net.zero_grad()
+        loss.backward()
+
+    r = {"real": [], "torch": []}
+    for _ in range(blocks):
+        r["torch"].append(_rate(torch_update, updates))
+        r["real"].append(_rate(real_update, updates))
+    med = {k: float(np.median(v)) for k, v in r.items()}
+    replay84 = ReplayMemory(10_000, (84, 84), np.uint8, 4, 0)
+    store.free()
+    return {"bench": "learner", "game": game, "batch_size": cfg.batch_size,
+            "learner_updates_per_s": med["real"], "torch_updates_per_s": med["torch"],
+            "fraction": med["real"] / med["torch"],
+            "bytes_per_transition": replay84.bytes_per_transition}
+
+
+def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_dir,
+                 overrides: list[str] = (), launcher_args: list[str] = ()) -> dict:
+    """Run the algorithm's Pong config with 1 ps + ``n_workers`` actor-learners; frames/s over
+    the window after ``warmup`` seconds, from the job's own metrics (train rows)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hpcrl.io.metrics import read_metrics
+
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", *launcher_args, "-n", str(n_workers + 1),
+           sys.executable, "-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
+           "--set", "n_ps=1", "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
+           "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
+           "--set", "checkpoint_replay=false"]
+    for item in overrides:
+        cmd += ["--set", item]
+    times = Path(run_dir) / "phase_times"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HPCRL_PHASE_TIMES_DIR=str(times))
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(warmup + seconds + 5)                  # + start-up
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=120)
+    train = read_metrics(Path(run_dir) / "metrics.h5")["train"]
+    t, f = train["wall_time"], train["frames"]
+    start = np.searchsorted(t, t[-1] - seconds)      # the last `seconds` of the run
+    return {"frames_per_s": float((f[-1] - f[start]) / max(t[-1] - t[start], 1e-9)),
+            "window_s": float(t[-1] - t[start]),
+            "phases": [_phase_window(path, seconds) for path in sorted(times.glob("rank-*.jsonl"))],
+            "ps": [_ps_window(path, seconds) for path in sorted(times.glob("ps-rank-*.jsonl"))]}
+
+
+def _window_rows(path, seconds: float) -> tuple[dict, dict]:
+    """The first and last rows of a cumulative JSON Lines clock file (rows ``{"t", ...}``)
+    that span its last ``seconds`` (at least two rows apart when it has two)."""
+    import json
+
+    rows = [json.loads(line) for line in open(path)]
+    t = np.array([r["t"] for r in rows])
+    first = min(int(np.searchsorted(t, t[-1] - seconds)), len(rows) - 2)
+    return rows[max(first, 0)], rows[-1]
+
+
+def phase_fraction(first: dict, last: dict) -> dict:
+    """Agent steps/s between two :class:`PhaseClock` rows, its bound and their ratio."""
+    steps = last["agent_steps"] - first["agent_steps"]
+    busy = sum(last[f"{k}_s"] - first[f"{k}_s"] for k in PHASES)
+    wall = last["t"] - first["t"]
+    return {"steps_per_s": steps / wall, "bound_steps_per_s": steps / busy,
+            "fraction": busy / wall, "window_s": wall,
+            **{f"{k}_ms_per_step": 1e3 * (last[f"{k}_s"] - first[f"{k}_s"]) / steps
+               for k in PHASES}}
+
+
+def _phase_window(path, seconds: float) -> dict:
+    """An actor-learner's in-process bound over the last ``seconds`` of its PhaseClock rows."""
+    return phase_fraction(*_window_rows(path, seconds))
+
+
+def _ps_window(path, seconds: float) -> dict:
+    """A ps rank's share of one core and its CPU ms per applied gradient over the last
+    ``seconds`` (``hpcrl.runtime.profiling.ps_cpu_clock`` rows)."""
+    a, b = _window_rows(path, seconds)
+    cpu, applied = b["cpu_s"] - a["cpu_s"], b["applied"] - a["applied"]
+    return {"cpu_fraction": cpu / max(b["t"] - a["t"], 1e-9),
+            "cpu_ms_per_gradient": 1e3 * cpu / max(applied, 1)}
+
+
+def _a3c_bound(steps: int, t_max: int = 5) -> dict:
+    """Agent steps/s bounds of an A3C actor-learner: 1 / (env step + batch-1 forward + backward
+    of a t_max rollout / t_max). ``bound`` times env step and forward in one loop, as acting
+    interleaves them (each evicts the other's data from the caches); ``bound_separate`` times
+    them in separate loops (warm caches, optimistic), as ``bench actor`` reports both."""
+    import torch
+
+    from hpcrl.config import load_config
+    from hpcrl.envs import make_env_from_config
+    from hpcrl.rl.losses import a3c_loss
+    from hpcrl.rl.networks import build_network
+
+    torch.set_num_threads(1)
+    cfg = load_config("configs/a3c_pong.toml")
+    env = make_env_from_config(cfg, 1, 0, training=True)
+    net = build_network(cfg, env.obs_shape, env.num_actions)
+    rng = np.random.default_rng(0)
+    obs = env.reset()
+
+    def env_step():
+        env.step(rng.integers(env.num_actions, size=1))
+
+    def forward():
+        with torch.no_grad():
+            net(torch.from_numpy(obs))
+
+    def env_and_forward():
+        env_step()
+        forward()
+
+    batch = torch.from_numpy(np.repeat(obs, t_max, axis=0))
+    actions = torch.zeros(t_max, dtype=torch.int64)
+
+    def backward():
+        logits, values, _ = net(batch)
+        loss = a3c_loss(logits, values, actions, torch.zeros(t_max))["total"]
+        net.zero_grad()
+        loss.backward()
+
+    t_env, t_fwd = 1 / _rate(env_step, steps), 1 / _rate(forward, steps)
+    t_both = 1 / _rate(env_and_forward, steps)
+    t_bwd = 1 / _rate(backward, max(steps // t_max, 10)) / t_max
+    env.close()
+    return {"bound": 1.0 / (t_both + t_bwd), "bound_separate": 1.0 / (t_env + t_fwd + t_bwd)}
+
+
+def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str] = (),
+                  launcher_args: list[str] = ()) -> dict:
+    """frames/s with 1 and 2 actor-learners (plus one ps each), same config, in the order
+    1, 2, 1: ``speedup`` divides by the mean of the two 1-actor-learner jobs, so a machine
+    that drifts linearly in speed over the bench (its offline bound moved by 6-24 % between
+    timings minutes apart) does not bias the ratio either way."""
+    import tempfile
+
+    # The offline bound is timed before, between and after the jobs; the median is used.
+    blocks = [_a3c_bound(300)]
+    jobs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, n_workers in enumerate((1, 2, 1)):
+            jobs.append(_measure_job(algo, n_workers, seconds, warmup, f"{tmp}/job{i}",
+                                     overrides, launcher_args))
+            blocks.append(_a3c_bound(300))
+    bounds = {k: float(np.median([b[k] for b in blocks])) for k in blocks[0]}
+    ones, two = [jobs[0], jobs[2]], jobs[1]
+    fps_1 = float(np.mean([j["frames_per_s"] for j in ones]))
+    phases_1 = [j["phases"][0] for j in ones]       # the one actor-learner of each 1-job
+
+    def mean_phase(key: str, phases: list[dict]) -> float:
+        return float(np.mean([p[key] for p in phases]))
+
+    steps_one = fps_1 / 4                              # Pong: 4 frames per agent step
+    return {"bench": "scaling", "algo": algo, "seconds": seconds, "overrides": list(overrides),
+            "launcher_args": list(launcher_args),
+            "frames_per_s_1": fps_1, "frames_per_s_2": two["frames_per_s"],
+            "speedup": two["frames_per_s"] / fps_1,
+            "frames_per_s_1_runs": [round(j["frames_per_s"], 1) for j in ones],
+            "actor_learner_steps_per_s": mean_phase("steps_per_s", phases_1),
+            "bound_steps_per_s": mean_phase("bound_steps_per_s", phases_1),
+            "fraction": mean_phase("fraction", phases_1),
+            "fraction_runs": [round(p["fraction"], 4) for p in phases_1],
+            "phase_ms_per_step": {k: round(mean_phase(f"{k}_ms_per_step", phases_1), 4)
+                                  for k in ("env", "forward", "learn")},
+            "fraction_2": [round(p["fraction"], 4) for p in two["phases"]],
+            "phase_ms_per_step_2": {k: round(mean_phase(f"{k}_ms_per_step", two["phases"]), 4)
+                                    for k in ("env", "forward", "learn")},
+            "ps_cpu_fraction_1": [round(p["cpu_fraction"], 3) for j in ones for p in j["ps"]],
+            "ps_cpu_fraction_2": [round(p["cpu_fraction"], 3) for p in two["ps"]],
+            "ps_cpu_ms_per_gradient_2": [round(p["cpu_ms_per_gradient"], 3) for p in two["ps"]],
+            "offline_bound_steps_per_s": bounds["bound"],
+            "fraction_of_offline_bound": steps_one / bounds["bound"],
+            "offline_bound_blocks_steps_per_s": [round(b["bound"], 1) for b in blocks],
+            "offline_bound_separate_steps_per_s": bounds["bound_separate"],
+            "fraction_of_offline_separate_bound": steps_one / bounds["bound_separate"]}
+
+
+def bench_checkpoint(transitions: int, out_dir: str | None) -> dict:
+    """Write and read back one Gorila bundle's checkpoint file for Pong: a replay memory holding
+    ``transitions`` 84x84 transitions (random frames: incompressible, as real ones are to us) and
+    a Nature-DQN-sized shard with AdaGrad state. Extrapolates the write to 1 M transitions."""
+    import tempfile
+    from pathlib import Path
+
+    from hpcrl.io import checkpoint as ck
+    from hpcrl.rl.replay import ReplayMemory
+
+    rng = np.random.default_rng(0)
+    replay = ReplayMemory(transitions, (84, 84), np.uint8, 4, 0)
+    chunk = 10_000
+    for start in range(0, transitions, chunk):
+        n = min(chunk, transitions - start)
+        firsts = np.zeros(n, bool)
+        firsts[::1000] = True
+        replay.add_batch(rng.integers(0, 256, (n, 84, 84), np.uint8), rng.integers(0, 6, n),
+                         rng.normal(size=n).astype(np.float32), np.zeros(n, bool), firsts)
+    n_params = 1_687_206
+    state = {**{f"replay0/{k}": v for k, v in replay.get_state().items()},
+             "params": rng.normal(size=n_params).astype(np.float32),
+             "target": rng.normal(size=n_params).astype(np.float32),
+             "opt/G": rng.random(n_params).astype(np.float32)}
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        path = Path(tmp) / "rank-00001.h5"
+        t0 = time.perf_counter()
+        entry = ck.write_state(path, state)           # tmp, flush, fsync, rename, fsync dir
+        write_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ck.read_state(path)
+        read_s = time.perf_counter() - t0
+    nbytes = entry["bytes"]
+    per_transition = (nbytes - 3 * n_params * 4) / transitions
+    bytes_1m = per_transition * 1_000_000 + 3 * n_params * 4
+    return {"bench": "checkpoint", "transitions": transitions, "file_bytes": nbytes,
+            "write_s": write_s, "read_s": read_s, "write_mb_per_s": nbytes / write_s / 1e6,
+            "bytes_per_transition_on_disk": per_transition, "bytes_1m_transitions": bytes_1m,
+            "write_s_1m_transitions_estimate": bytes_1m / (nbytes / write_s)}
+
+
+def main(what: str, argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog=f"python -m hpcrl.bench {what}")
+    p.add_argument("--game", default="pong")
+    p.add_argument("--steps", type=int, default=400, help="actor: agent steps per block")
+    p.add_argument("--updates", type=int, default=20, help="learner: updates per block")
+    p.add_argument("--blocks", type=int, default=5)
+    p.add_argument("--fill", type=int, default=5000, help="learner: replay transitions")
+    p.add_argument("--algo", default="a3c", help="scaling: algorithm (its <algo>_pong config)")
+    p.add_argument("--seconds", type=float, default=60.0, help="scaling: measured window")
+    p.add_argument("--warmup", type=float, default=15.0, help="scaling: seconds skipped")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="scaling: config overrides for both jobs (e.g. optimizer=sgd)")
+    p.add_argument("--launcher-args", default="",
+                   help="scaling: extra mpiexec arguments, e.g. '-bind-to core'")
+    p.add_argument("--transitions", type=int, default=100_000, help="checkpoint: replay size")
+    p.add_argument("--dir", default=None, help="checkpoint: where to write (default: tmp)")
+    args = p.parse_args(argv)
+    if what == "checkpoint":
+        return bench_checkpoint(args.transitions, args.dir)
+    if what == "scaling":
+        return bench_scaling(args.algo, args.seconds, args.warmup, args.set,
+                             args.launcher_args.split())
+    if what == "actor":
+        return bench_actor(args.game, args.steps, args.blocks)
+    if what == "learner":
+        return bench_learner(args.game, args.updates, args.blocks, args.fill)
+    raise SystemExit(f"unknown benchmark {what!r}: choose ps, actor or learner")

@@ -1,0 +1,131 @@
+"""The small interfaces the parts of hpcrl meet at (in the manner of acme's ``core.py``).
+
+* :class:`ParamSource`: where a client's parameters come from and its gradients go (the
+  sharded store of :mod:`hpcrl.runtime.params.store`).
+* :class:`Worker`: what the one client loop (:func:`hpcrl.runtime.client.run_client`) drives
+  on every client rank; each algorithm family provides its workers (:mod:`hpcrl.agents`).
+* :class:`Policy`: a behaviour policy over a network (:mod:`hpcrl.rl.acting`).
+* :class:`LearnerStats`: the counters a learner reports to rank 0 and checkpoints.
+
+State travels as flat ``{name: array}`` dicts (HDF5 checkpoints, no pickle); parts nest
+theirs under a prefix with :func:`with_prefix` / :func:`sub_state`.
+
+Nothing here imports torch or MPI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import numpy as np
+
+
+class ParamSource(Protocol):
+    """The shared parameters as a client sees them: versioned pulls, tagged pushes."""
+
+    def pull(self, out: np.ndarray) -> np.ndarray:
+        """Fill ``out`` with a consistent copy; returns the version of each shard read."""
+
+    def pull_target(self, out: np.ndarray) -> np.ndarray:
+        """Fill ``out`` with the target network's copy; returns its versions."""
+
+    def target_version(self) -> int:
+        """Changes whenever the target copy is refreshed."""
+
+    def push(self, grad, versions: np.ndarray, lr: float, sq_norm: float | None = None) -> None:
+        """Hand over one gradient computed from ``versions``, to be applied with ``lr``."""
+
+
+class Worker(Protocol):
+    """One client rank's work, between the checkpoints and the budget check of the loop."""
+
+    def global_frames(self) -> int:
+        """Job-wide frames as this worker last saw them (the budget is in frames)."""
+
+    def step(self) -> None:
+        """One unit of work: an agent step, a rollout, an update or an evaluation round."""
+
+    def stats(self) -> "LearnerStats | None":
+        """The learner's counters, or None for a worker that does not learn."""
+
+    def before_checkpoint(self) -> None:
+        """Everything sent before the checkpoint has been sent (e.g. replay markers)."""
+
+    def after_checkpoint(self) -> None:
+        """Carry on after a checkpoint (parameters may have moved during the pause)."""
+
+    def get_state(self) -> dict:
+        """Everything needed to continue exactly (flat dict of arrays)."""
+
+    def set_state(self, state: dict) -> None:
+        """Continue from a ``get_state`` of a worker built with the same config."""
+
+    def close(self) -> None:
+        """Release environments."""
+
+
+class Policy(Protocol):
+    """Chooses actions for N environments; ``state`` is the LSTM state or None."""
+
+    state: object
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """[N, *obs] -> [N] int64 actions (advances the recurrent state, if any)."""
+
+    def episode_end(self, end: np.ndarray) -> None:
+        """Forget the recurrent state of the environments whose episode ended."""
+
+    def get_state(self) -> dict:
+        """RNG position and recurrent state (flat dict of arrays)."""
+
+    def set_state(self, state: dict) -> None:
+        ...
+
+
+@dataclass
+class LearnerStats:
+    """What a learner counts; reported to rank 0 (``train`` rows) and checkpointed.
+
+    Attributes:
+        loss_sum, loss_count: summed loss of the gradients computed, and how many.
+        updates: gradients handed to the store.
+        dropped_outlier: gradients dropped by Gorila's loss-outlier rule.
+        dropped_nonfinite: gradients dropped because their loss or norm was NaN/inf.
+    """
+
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    updates: int = 0
+    dropped_outlier: int = 0
+    dropped_nonfinite: int = 0
+
+    def as_row(self) -> np.ndarray:
+        """float64 [5] in field order (the message to rank 0)."""
+        return np.array([getattr(self, f.name) for f in fields(self)], np.float64)
+
+    def get_state(self) -> dict:
+        return {"loss_sum": np.float64(self.loss_sum),
+                **{f.name: np.int64(getattr(self, f.name)) for f in fields(self)[1:]}}
+
+    def set_state(self, state: dict) -> None:
+        self.loss_sum = float(state["loss_sum"])
+        for f in fields(self)[1:]:
+            setattr(self, f.name, int(state[f.name]))
+
+
+#: Field names of a `LearnerStats` row, in order.
+STATS_FIELDS = tuple(f.name for f in fields(LearnerStats))
+
+
+def with_prefix(prefix: str, state: dict) -> dict:
+    """``{prefix/name: value}``: a part's state inside its owner's flat state dict."""
+    return {f"{prefix}/{k}": v for k, v in state.items()}
+
+
+def sub_state(state: dict | None, prefix: str) -> dict | None:
+    """The entries of a flat state dict under ``prefix/``, prefix removed (None if none)."""
+    if state is None:
+        return None
+    out = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + "/")}
+    return out or None

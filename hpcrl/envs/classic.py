@@ -1,0 +1,89 @@
+"""gymnasium's classic-control tasks behind the Atari interface (fast learning checks)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcrl.envs.base import Episodes, StepResult, check_actions
+from hpcrl.io.rngstate import generator_from_array, generator_state_to_array
+
+
+class ClassicControlEnv:
+    """N gymnasium classic-control envs (CartPole-v1, Acrobot-v1) behind the Atari interface.
+
+    No frame skip, stacking, no-ops or sticky actions: one agent step is one env step
+    (`frames_per_step == 1`) and the observation is the float32 state vector. Episodes are cut
+    at the task's registered limit (500 steps for both) or `max_episode_frames`, whichever is
+    smaller. Rewards (+1 / -1 per step) are unchanged by clipping; there are no lives.
+    """
+
+    frames_per_step = 1
+
+    def __init__(self, game: str, num_envs: int, seed: int, *, training: bool,
+                 max_episode_frames: int = 108_000, clip_rewards: bool = True):
+        import gymnasium
+
+        self.game = game
+        self.num_envs = num_envs
+        self.clip_rewards = training and clip_rewards
+        self._envs = [gymnasium.make(game, disable_env_checker=True).unwrapped for _ in range(num_envs)]
+        limit = gymnasium.spec(game).max_episode_steps
+        self.max_episode_frames = min(limit, max_episode_frames) if limit else max_episode_frames
+        self._seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(num_envs) & 0x7FFFFFFF]
+        self.num_actions = int(self._envs[0].action_space.n)
+        self.obs_shape = self.frame_shape = tuple(self._envs[0].observation_space.shape)
+        self._obs = np.zeros((num_envs, *self.obs_shape), np.float32)
+        self._episodes = Episodes(num_envs)
+
+    def _reset_one(self, i: int) -> None:
+        seed, self._seeds[i] = self._seeds[i], None  # seed the first reset only
+        self._obs[i], _ = self._envs[i].reset(seed=seed)
+        self._episodes.returns[i] = 0.0
+        self._episodes.frames[i] = 0
+
+    def reset(self) -> np.ndarray:
+        for i in range(self.num_envs):
+            self._reset_one(i)
+        return self._obs.copy()
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        acts = check_actions(actions, self.num_envs, self.num_actions)
+        n = self.num_envs
+        raw = np.zeros(n, np.float32)
+        game_over = np.zeros(n, bool)
+        for i in range(n):
+            self._obs[i], raw[i], game_over[i], _, _ = self._envs[i].step(acts[i])
+        last_frame = self._obs.copy()
+        self._episodes.frames += 1
+        self._episodes.returns += raw
+        episode_end = game_over | (self._episodes.frames >= self.max_episode_frames)
+        episode_return = np.where(episode_end, self._episodes.returns, 0.0).astype(np.float32)
+        episode_frames = np.where(episode_end, self._episodes.frames, 0)
+        for i in np.flatnonzero(episode_end):
+            self._reset_one(int(i))
+        reward = np.clip(raw, -1.0, 1.0) if self.clip_rewards else raw.copy()
+        return StepResult(self._obs.copy(), last_frame, reward, raw, game_over.copy(), episode_end,
+                          episode_return, episode_frames)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Physics state, each env's RNG, counters and current observations."""
+        state = {"obs": self._obs.copy(), **self._episodes.get_state()}
+        for i, env in enumerate(self._envs):
+            state[f"physics_{i}"] = np.asarray(env.state, np.float64).copy()
+            state[f"rng_{i}"] = generator_state_to_array(env.np_random)
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        self._obs[:] = state["obs"]
+        self._episodes.set_state(state)
+        for i, env in enumerate(self._envs):
+            env.state = np.array(state[f"physics_{i}"], np.float64)
+            env.np_random = generator_from_array(state[f"rng_{i}"])
+            if hasattr(env, "steps_beyond_terminated"):
+                env.steps_beyond_terminated = None
+            self._seeds[i] = None
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs = []

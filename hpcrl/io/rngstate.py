@@ -1,0 +1,37 @@
+"""numpy random Generators as plain arrays, so that checkpoints stay HDF5 (no pickle).
+
+A PCG64 state holds 128-bit integers that no numpy integer dtype can hold, so the state
+travels as the ASCII bytes of its JSON text: a uint8 array that any bit generator fits in.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+#: Bit generators a saved state may name (looked up by name, never executed).
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
+
+
+def generator_state_to_array(rng: np.random.Generator) -> np.ndarray:
+    """``rng``'s bit-generator state as a uint8 array (the bytes of its JSON text)."""
+    text = json.dumps(rng.bit_generator.state)
+    return np.frombuffer(text.encode("ascii"), dtype=np.uint8).copy()
+
+
+def generator_state_from_array(rng: np.random.Generator, state: np.ndarray) -> None:
+    """Restore into ``rng`` (in place) a state written by `generator_state_to_array`."""
+    text = bytes(np.asarray(state, dtype=np.uint8)).decode("ascii")
+    rng.bit_generator.state = json.loads(text)
+
+
+def generator_from_array(state: np.ndarray) -> np.random.Generator:
+    """A new Generator continuing a state written by `generator_state_to_array`."""
+    text = bytes(np.asarray(state, dtype=np.uint8)).decode("ascii")
+    name = json.loads(text)["bit_generator"]
+    if name not in _BIT_GENERATORS:
+        raise ValueError(f"unknown bit generator {name!r} in a saved random state")
+    rng = np.random.Generator(getattr(np.random, name)())
+    generator_state_from_array(rng, state)
+    return rng

@@ -1,0 +1,229 @@
+"""Networks of the papers (torch nn.Modules only, no training logic) and flat-parameter helpers.
+
+* `NatureQNetwork`: the DQN network of Mnih et al. 2015 (Nature), used by Gorila (Nair et al.
+  2015) and by the asynchronous value methods of Mnih et al. 2016.
+* `A3CNetwork`: the smaller network of Mnih et al. 2016 (that of Mnih et al. 2013), with a
+  softmax policy head and a linear value head, feed-forward or with an LSTM cell of 256 units
+  after the fully connected layer ("A3C LSTM").
+* `MLPQNetwork`, `MLPActorCritic`: small MLP versions for classic-control tasks (CartPole),
+  which make the learning tests fast enough for CI.
+
+Image inputs may be uint8 (as the envs and replay store them); they are scaled by 1/255 inside
+the network, so the float copy never crosses a process boundary.
+
+Actor-critic modules share one call signature, so workers need not know which kind they hold::
+
+    state = net.initial_state(batch_size)           # None for feed-forward nets
+    logits, value, state = net(obs, state)          # logits [B, A], value [B]
+    state = reset_lstm_state(state, episode_end)    # zero the rows whose episode ended
+
+The policy is softmax(logits); returning logits lets the loss use log_softmax (stable).
+
+`build_network` picks the run's network from its config. The flat float32 vector that the
+parameter servers store is mapped to a module's parameters by
+:class:`hpcrl.runtime.params.layout.ParamLayout`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from hpcrl.config import Config
+
+LSTMState = tuple[torch.Tensor, torch.Tensor]
+
+
+def _scale_input(x: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float in [0, 1]; float inputs pass through unchanged."""
+    if x.dtype == torch.uint8:
+        return x.float().mul_(1.0 / 255.0)
+    return x.float()
+
+
+def _conv_out(size: int, kernel: int, stride: int) -> int:
+    return (size - kernel) // stride + 1
+
+
+class NatureQNetwork(nn.Module):
+    """Q-network of Mnih et al. 2015: conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, fc 512, ReLUs.
+
+    Args:
+        obs_shape: (stack, height, width), (4, 84, 84) for DQN preprocessing.
+        num_actions: number of outputs (one Q-value per action).
+    """
+
+    def __init__(self, obs_shape: tuple[int, int, int], num_actions: int):
+        super().__init__()
+        c, h, w = obs_shape
+        for k, s in ((8, 4), (4, 2), (3, 1)):
+            h, w = _conv_out(h, k, s), _conv_out(w, k, s)
+        self.torso = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(64 * h * w, 512), nn.ReLU(),
+        )
+        self.q_head = nn.Linear(512, num_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, stack, H, W] (uint8 or float) -> Q-values [B, num_actions]."""
+        return self.q_head(self.torso(_scale_input(obs)))
+
+
+class MLPQNetwork(nn.Module):
+    """Q-network for vector observations (classic control): MLP with ReLUs."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: tuple[int, ...] = (64, 64)):
+        super().__init__()
+        layers, d = [], obs_dim
+        for h in hidden:
+            layers += [nn.Linear(d, h), nn.ReLU()]
+            d = h
+        self.torso = nn.Sequential(*layers)
+        self.q_head = nn.Linear(d, num_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, obs_dim] -> Q-values [B, num_actions]."""
+        return self.q_head(self.torso(_scale_input(obs)))
+
+
+class _ActorCritic(nn.Module):
+    """Torso -> optional LSTMCell -> (policy logits, value). Subclasses build `self.torso`."""
+
+    def _build_heads(self, torso_dim: int, num_actions: int, lstm: bool, lstm_size: int) -> None:
+        self.lstm = nn.LSTMCell(torso_dim, lstm_size) if lstm else None
+        d = lstm_size if lstm else torso_dim
+        self.policy_head = nn.Linear(d, num_actions)
+        self.value_head = nn.Linear(d, 1)
+
+    def initial_state(self, batch_size: int) -> LSTMState | None:
+        """Zero (h, c), each [B, lstm_size]; None for a feed-forward net."""
+        if self.lstm is None:
+            return None
+        z = torch.zeros(batch_size, self.lstm.hidden_size)
+        return z, z.clone()
+
+    def forward(self, obs: torch.Tensor, state: LSTMState | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
+        """obs [B, ...], state (h, c) [B, lstm_size] each (LSTM only; None = zeros).
+
+        Returns:
+            logits [B, num_actions] (policy = softmax(logits)), value [B], next state.
+        """
+        x = self.torso(_scale_input(obs))
+        if self.lstm is not None:
+            if state is None:
+                state = self.initial_state(x.shape[0])
+            h, c = self.lstm(x, state)
+            x, state = h, (h, c)
+        return self.policy_head(x), self.value_head(x).squeeze(-1), state
+
+
+class A3CNetwork(_ActorCritic):
+    """Actor-critic of Mnih et al. 2016: conv 16 8x8/4, conv 32 4x4/2, fc 256 (ReLUs), then
+    (LSTM variant) an LSTMCell of 256 units, a softmax policy head and a linear value head."""
+
+    def __init__(self, obs_shape: tuple[int, int, int], num_actions: int, lstm: bool = False):
+        super().__init__()
+        c, h, w = obs_shape
+        for k, s in ((8, 4), (4, 2)):
+            h, w = _conv_out(h, k, s), _conv_out(w, k, s)
+        self.torso = nn.Sequential(
+            nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * h * w, 256), nn.ReLU(),
+        )
+        self._build_heads(256, num_actions, lstm, 256)
+
+
+class MLPActorCritic(_ActorCritic):
+    """Actor-critic for vector observations (classic control), feed-forward or LSTM."""
+
+    def __init__(self, obs_dim: int, num_actions: int, lstm: bool = False, hidden: int = 64):
+        super().__init__()
+        self.torso = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(),
+                                   nn.Linear(hidden, hidden), nn.ReLU())
+        self._build_heads(hidden, num_actions, lstm, hidden)
+
+
+def reset_lstm_state(state: LSTMState | None, episode_end: np.ndarray | torch.Tensor
+                     ) -> LSTMState | None:
+    """Zero the (h, c) rows of envs whose episode ended; other rows are kept. None passes.
+
+    Args:
+        state: (h, c), each [B, lstm_size].
+        episode_end: [B] bool (numpy or torch).
+    """
+    if state is None:
+        return None
+    keep = (~torch.as_tensor(np.asarray(episode_end), dtype=torch.bool)).to(state[0].dtype)[:, None]
+    return state[0] * keep, state[1] * keep
+
+
+def build_q_network(obs_shape: tuple[int, ...], num_actions: int, kind: str = "auto",
+                    hidden: int = 64) -> nn.Module:
+    """Q-network for an env: "nature" (conv, 3-D obs), "mlp" (1-D obs), or "auto" (by obs rank)."""
+    if kind == "auto":
+        kind = "nature" if len(obs_shape) == 3 else "mlp"
+    if kind == "nature":
+        return NatureQNetwork(tuple(obs_shape), num_actions)
+    if kind == "mlp":
+        return MLPQNetwork(int(np.prod(obs_shape)), num_actions, hidden=(hidden, hidden))
+    raise ValueError(f"unknown q-network kind {kind!r} (auto, nature, mlp)")
+
+
+INITS = ("torch", "orthogonal")
+
+
+@torch.no_grad()
+def init_orthogonal(net: _ActorCritic) -> _ActorCritic:
+    """Orthogonal weights (Saxe et al. 2014) and zero biases, in place; returns ``net``.
+
+    Torso layers get gain sqrt(2) (ReLU), the policy head 0.01 (a near-uniform first policy)
+    and the value head 1, as in the A2C of OpenAI Baselines; an LSTM cell keeps torch's.
+    Why: torch's default, U(+-1/sqrt(fan_in)) for weights and biases, is the same as
+    Torch7's default, but under RMSProp's fixed-size steps those small weights and
+    random biases let A3C on Pong lose most ReLU units within 1 M frames (measured with
+    ``python -m hpcrl.diagnose``, docs/experiments).
+    """
+    layers = [(m, 2 ** 0.5) for m in net.torso if isinstance(m, (nn.Conv2d, nn.Linear))]
+    for module, gain in layers + [(net.policy_head, 0.01), (net.value_head, 1.0)]:
+        nn.init.orthogonal_(module.weight, gain)
+        nn.init.zeros_(module.bias)
+    return net
+
+
+def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
+                       hidden: int = 64, init: str = "torch") -> _ActorCritic:
+    """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones; ``init``:
+    "torch" (torch's default initialisation) or "orthogonal" (`init_orthogonal`)."""
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r} ({', '.join(INITS)})")
+    if len(obs_shape) == 3:
+        net = A3CNetwork(tuple(obs_shape), num_actions, lstm=lstm)
+    else:
+        net = MLPActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm, hidden=hidden)
+    return init_orthogonal(net) if init == "orthogonal" else net
+
+
+def num_params(module: nn.Module) -> int:
+    """Number of scalar parameters."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def build_network(cfg: "Config", obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
+    """The run's network: an actor-critic for A3C, a Q-network for the value-based methods.
+
+    Sets torch to one thread: every rank owns one core (``OMP_NUM_THREADS=1``)."""
+    torch.set_num_threads(1)
+    if cfg.algo == "a3c":
+        return build_actor_critic(obs_shape, num_actions, lstm=cfg.lstm, hidden=cfg.mlp_hidden,
+                                  init=cfg.init)
+    return build_q_network(obs_shape, num_actions, kind=cfg.network, hidden=cfg.mlp_hidden)

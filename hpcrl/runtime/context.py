@@ -1,0 +1,73 @@
+"""What a role's loop is given (:class:`Context`) and a client's channel to rank 0."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcrl.config import Config
+from hpcrl.core import STATS_FIELDS, LearnerStats
+from hpcrl.runtime.coord import Coordinator
+from hpcrl.runtime.params.store import ParameterStore
+from hpcrl.runtime.topology import Layout
+
+# Messages from clients to rank 0 (float64 rows on a dedicated communicator).
+TAG_EPISODE, TAG_STATS, TAG_CKPT = 11, 12, 14
+EPISODE_FIELDS = ("kind", "frames", "return", "length", "rank", "wall_time")  # kind 0 train, 1 eval
+ROW_FLOATS = max(len(EPISODE_FIELDS), len(STATS_FIELDS))
+
+
+def rank_seed(base_seed: int, rank: int) -> int:
+    """The seed of one rank's environments, RNGs and torch: ``seed + 1000 * rank``, so that
+    every rank of a job, and every job seed, draws different streams."""
+    return base_seed + 1000 * rank
+
+
+class ClientLink:
+    """A client's side of the reporting channel to rank 0."""
+
+    def __init__(self, mcomm: MPI.Comm, rank: int):
+        self.mcomm, self.rank = mcomm, rank
+        self.t0 = time.monotonic()
+
+    def episode(self, frames: int, ret: float, length: int, eval_: bool = False) -> None:
+        row = np.array([1.0 if eval_ else 0.0, frames, ret, length, self.rank,
+                        time.monotonic() - self.t0])
+        self.mcomm.Send(row, 0, TAG_EPISODE)
+
+    def stats(self, stats: LearnerStats) -> None:
+        self.mcomm.Send(stats.as_row(), 0, TAG_STATS)
+
+    def marker(self) -> None:
+        """Everything this client reported so far precedes the coming checkpoint."""
+        self.mcomm.Send(np.zeros(1), 0, TAG_CKPT)
+
+
+@dataclass
+class Context:
+    """Everything a role's loop needs, built once by :func:`hpcrl.runtime.program.run`."""
+
+    comm: MPI.Comm
+    cfg: Config
+    layout: Layout
+    rank: int
+    store: ParameterStore
+    mcomm: MPI.Comm            # clients -> rank 0: episodes, statistics, checkpoint markers
+    rcomm: MPI.Comm            # actors/learners <-> global replay ranks
+    run_dir: Path
+    coord: Coordinator
+    state: dict | None         # this rank's state from the checkpoint being resumed
+    resume_frames: int | None  # global frames of that checkpoint
+    opt: object = None         # ps ranks: the shard optimiser
+    link: ClientLink = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.link = ClientLink(self.mcomm, self.rank)
+
+    @property
+    def seed(self) -> int:
+        return rank_seed(self.cfg.seed, self.rank)

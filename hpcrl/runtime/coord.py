@@ -1,0 +1,165 @@
+"""Coordinated checkpoints and stops: every rank reaches one consistent point, then writes.
+
+Any rank may ask for a checkpoint generation by raising the request word on shard 0
+(``Word.CKPT_REQ``, an atomic MAX to ``generation + 1``): rank 0 every ``checkpoint_every_min``
+minutes, a rank that received SIGUSR1 / SIGTERM (SLURM's warning before a time limit or
+preemption), and a client that spent the frame budget (the final generation). A stop request
+also raises ``Word.CKPT_STOP`` (1 = budget spent, 2 = signal).
+
+Every role polls the request word between steps. Then, in order:
+
+1. each client finishes its step, waits until its last gradient left its inboxes, sends a marker
+   to rank 0's metrics channel (and to its replay ranks), and adds 1 to ``Word.CKPT_READY``;
+2. ps ranks keep applying gradients until ``Word.CKPT_READY`` equals the number of clients (then no
+   gradient is in flight); rank 0 also drains the metrics messages up to every client's marker;
+   replay ranks keep answering until every actor and learner sent its marker;
+3. all ranks write their own file of the generation; rank 0 gathers the sizes and hashes and
+   writes the manifest last (:mod:`hpcrl.io.checkpoint`), then tells everyone whether to stop.
+
+No rank writes while another still computes, so the files describe one instant of the job:
+parameters, optimiser state and counters on the ps ranks agree with every replay memory and
+exploration state on the clients.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from mpi4py import MPI
+
+from hpcrl.io import checkpoint as ck
+from hpcrl.runtime import hooks, watchdog
+from hpcrl.runtime.params.header import Word
+from hpcrl.runtime.params.store import NonFiniteState, ParameterStore
+
+STOP_BUDGET, STOP_SIGNAL = 1, 2
+
+#: Time of a SIGUSR1/SIGTERM that arrived during start-up, before a Coordinator existed.
+_early_signal_time: float | None = None
+
+
+def install_early_handlers() -> None:
+    """Record a stop signal that arrives while the job starts (imports, MPI start-up, network
+    build, resume lookup: seconds to minutes). Without this, SLURM's warning in that window
+    would kill the ranks and the job would not be requeued; with it, the first coordinated
+    checkpoint is taken as soon as the loops run, and the job exits 85."""
+    def record(signum, frame):
+        global _early_signal_time
+        if _early_signal_time is None:
+            _early_signal_time = time.monotonic()
+
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, record)
+
+
+class Coordinator:
+    """One rank's part in coordinated checkpoints (see the module docstring)."""
+
+    def __init__(self, comm: MPI.Comm, store: ParameterStore, root: Path, *, gen_done: int,
+                 every_s: float, keep: int, info: dict):
+        self.comm, self.store, self.root = comm, store, Path(root)
+        self.rank = comm.Get_rank()
+        self.gen_done, self.every_s, self.keep, self.info = gen_done, every_s, keep, info
+        self.next_time = time.monotonic() + every_s if every_s > 0 else None
+        self.signal_time: float | None = _early_signal_time
+        self._signal_sent = False
+        self.stop_code = 0
+        self._extra_requested = False
+        self._req, self._stop = store.word(Word.CKPT_REQ), store.word(Word.CKPT_STOP)
+        self._ready, self._frames = store.word(Word.CKPT_READY), store.word(Word.FRAMES)
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGUSR2, self._on_usr2)
+        if hooks.checkpoint_on_start() and self.rank == 0:
+            self.request()
+
+    def _on_usr2(self, signum, frame) -> None:
+        """SIGUSR2: write a checkpoint generation now and carry on (on demand)."""
+        self._extra_requested = True
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal_time is None:
+            self.signal_time = time.monotonic()
+
+    def request(self, stop: int = 0) -> None:
+        """Ask for generation ``gen_done + 1`` (idempotent: every rank asks for the same one)."""
+        if stop:
+            self._stop.raise_to(stop)
+        self._req.raise_to(self.gen_done + 1)
+
+    def due(self) -> bool:
+        """Cheap poll (one atomic read): must this rank enter a checkpoint now? Every role's
+        loop calls this once per iteration, so it also feeds the watchdog."""
+        watchdog.beat()
+        if self._extra_requested:
+            self._extra_requested = False
+            self.request()
+        if self.signal_time is not None and not self._signal_sent:
+            self._signal_sent = True
+            self.request(STOP_SIGNAL)
+        if self.next_time is not None and self.rank == 0 and time.monotonic() >= self.next_time:
+            self.next_time = time.monotonic() + self.every_s
+            self.request()
+        return self._req.read() > self.gen_done
+
+    def client_ready(self) -> None:
+        """Step 1 for a client: no gradient of mine is in flight any more."""
+        self.store.wait_consumed()
+        self._ready.add(1)
+
+    def all_clients_ready(self) -> bool:
+        watchdog.beat()
+        return self._ready.read() >= self.store.spec.n_clients
+
+    def write(self, state_fn) -> int:
+        """Step 3, collective over every rank: write, gather, manifest. Returns the stop code
+        (0 = carry on)."""
+        gen = self.gen_done + 1
+        t0 = time.monotonic()
+        watchdog.beat()
+        try:
+            if hooks.checkpoint_write_fails(self.rank):
+                raise OSError(28, "No space left on device (injected)")
+            entry, error = ck.write_state(ck.rank_file(self.root, gen, self.rank), state_fn()), None
+        except OSError as exc:                      # disk full, quota, unwritable: keep going
+            entry, error = None, f"rank {self.rank}: {exc.strerror or exc}"
+        except NonFiniteState as exc:
+            entry, error = None, f"rank {self.rank}: {exc}"
+        entries = self.comm.gather((entry, error), root=0)
+        stop = 0
+        if self.rank == 0:
+            stop = self._finish(gen, entries, t0)
+        stop = self.comm.bcast(stop, root=0)
+        watchdog.beat()
+        self.gen_done = gen
+        self.stop_code = stop
+        return stop
+
+    def _finish(self, gen: int, entries, t0: float) -> int:
+        errors = [e for _, e in entries if e]
+        frames = self._frames.read()
+        if errors:
+            shutil.rmtree(ck.gen_dir(self.root, gen), ignore_errors=True)
+            print(f"hpcrl: warning: checkpoint generation {gen} not written ({errors[0]}); the "
+                  "previous generation is kept", flush=True)
+        else:
+            files = [e for e, _ in entries]
+            info = dict(self.info, frames=frames, wall_unix=time.time())
+            try:
+                ck.write_manifest(self.root, gen, files, info)
+                ck.prune(self.root, self.keep)
+                size = sum(f["bytes"] for f in files) / 1e6
+                since = (f", {time.monotonic() - self.signal_time:.1f} s after the signal"
+                         if self.signal_time is not None else "")
+                print(f"[hpcrl] checkpoint generation {gen} at frame {frames:,}: {len(files)} "
+                      f"files, {size:.1f} MB, written in {time.monotonic() - t0:.1f} s{since}",
+                      flush=True)
+            except OSError as exc:
+                shutil.rmtree(ck.gen_dir(self.root, gen), ignore_errors=True)
+                print(f"hpcrl: warning: checkpoint generation {gen} manifest not written "
+                      f"({exc.strerror or exc}); the previous generation is kept", flush=True)
+        self._ready.set(0)
+        return self._stop.read()

@@ -1,0 +1,46 @@
+"""Failure-injection and profiling hooks, switched on by environment variables.
+
+Tests and benchmarks use them; a normal run sets none. They are all here, so the loops that
+honour them carry one call each and no variable names:
+
+=============================  ===========================================================
+``HPCRL_FAULT_RANK=r``         rank r raises right after start-up (the job-abort path)
+``HPCRL_HANG_RANK=r``          rank r stops making progress after start-up (the watchdog)
+``HPCRL_CKPT_FAIL_RANK=r``     rank r's checkpoint file writes fail with "no space left"
+``HPCRL_CHECKPOINT_ON_START``  rank 0 asks for a checkpoint generation as soon as it can
+``HPCRL_PHASE_TIMES_DIR=D``    actor-learners and ps ranks append phase timings under D
+                               (``python -m hpcrl.bench scaling`` sets it for its jobs)
+=============================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def _rank_is(var: str, rank: int) -> bool:
+    return os.environ.get(var) == str(rank)
+
+
+def after_startup(rank: int) -> None:
+    """Inject the start-up fault or hang asked for on this rank, if any."""
+    if _rank_is("HPCRL_FAULT_RANK", rank):
+        raise RuntimeError(f"injected fault on rank {rank}")
+    if _rank_is("HPCRL_HANG_RANK", rank):
+        time.sleep(1e9)
+
+
+def checkpoint_write_fails(rank: int) -> bool:
+    return _rank_is("HPCRL_CKPT_FAIL_RANK", rank)
+
+
+def checkpoint_on_start() -> bool:
+    return bool(os.environ.get("HPCRL_CHECKPOINT_ON_START"))
+
+
+def phase_times_dir() -> Path | None:
+    """Where to write phase timings (None: do not time phases)."""
+    value = os.environ.get("HPCRL_PHASE_TIMES_DIR")
+    return Path(value) if value else None

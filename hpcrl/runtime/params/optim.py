@@ -1,0 +1,107 @@
+"""Update rules applied by parameter-server shards: pure numpy, no MPI.
+
+Each rule maps (theta_in, grad) to theta_out, writing into a separate buffer because the store
+double-buffers its parameters (readers keep reading theta_in while theta_out is written).
+
+* ``sgd``:        theta -= lr * g
+* ``momentum``:   m_c = a m_c + (1 - a) g;  theta -= lr * m_c, one m per client
+                  (Mnih et al. 2016, S7: "SGD with momentum", each thread keeps its own m).
+* ``adagrad``:    G += g^2;  theta -= lr * g / sqrt(G + eps)  (Gorila, Nair et al. 2015 §4).
+* ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
+                  clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
+* ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
+
+Client c's state lives on the ps next to the shard, so "per client" statistics cost
+``n_clients * shard`` floats per ps rank and "shared" ones cost ``shard``: sharing the statistics
+is the same array object for every client by construction.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:      # the fused C loop (_kernels.c beside this file), built by pip install when a compiler exists
+    from hpcrl.runtime.params import _kernels
+except ImportError:          # pragma: no cover - depends on the install
+    _kernels = None
+
+
+def fused_available() -> bool:
+    """Whether AdaGrad/RMSProp steps run as one fused C pass (HPCRL_NO_KERNELS=1 turns it off)."""
+    return _kernels is not None and not os.environ.get("HPCRL_NO_KERNELS")
+
+KINDS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client")
+
+
+class ShardOptimizer:
+    """Optimiser state and update rule for one shard of ``size`` floats."""
+
+    def __init__(self, kind: str, size: int, n_clients: int, *, decay: float = 0.99,
+                 eps: float = 0.1, momentum: float = 0.9):
+        if kind not in KINDS:
+            raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
+        self.kind, self.decay, self.eps, self.momentum = kind, decay, eps, momentum
+        self._tmp = np.empty(size, np.float32)
+        self.fused = fused_available()
+        self.state: dict[str, np.ndarray] = {}
+        if kind == "momentum":
+            self.state["m"] = np.zeros((n_clients, size), np.float32)
+        elif kind == "adagrad":
+            self.state["G"] = np.zeros(size, np.float32)
+        elif kind == "rmsprop_shared":
+            self.state["v"] = np.zeros(size, np.float32)
+        elif kind == "rmsprop_per_client":
+            self.state["v"] = np.zeros((n_clients, size), np.float32)
+
+    def statistics_for(self, client: int) -> np.ndarray | None:
+        """The array that scales client ``client``'s steps (None for plain SGD)."""
+        for name in ("G", "v", "m"):
+            if name in self.state:
+                arr = self.state[name]
+                return arr if arr.ndim == 1 else arr[client]
+        return None
+
+    def step(self, theta_in: np.ndarray, grad: np.ndarray, theta_out: np.ndarray, lr: float,
+             client: int) -> None:
+        """theta_out = update(theta_in, grad); all arrays float32 of the shard's size."""
+        tmp = self._tmp
+        if self.kind == "sgd":
+            np.multiply(grad, np.float32(lr), out=tmp)
+        elif self.kind == "momentum":
+            m = self.state["m"][client]
+            m *= np.float32(self.momentum)
+            np.multiply(grad, np.float32(1.0 - self.momentum), out=tmp)
+            m += tmp
+            np.multiply(m, np.float32(lr), out=tmp)
+        elif self.fused:
+            _kernels.scaled_step(theta_in, grad, self.statistics_for(client), theta_out,
+                                 self.decay, self.eps, lr, self.kind == "adagrad")
+            return
+        else:
+            acc = self.statistics_for(client)
+            np.multiply(grad, grad, out=tmp)
+            if self.kind == "adagrad":
+                acc += tmp
+            else:
+                acc *= np.float32(self.decay)
+                tmp *= np.float32(1.0 - self.decay)
+                acc += tmp
+            # statistics below FLT_MIN are stored as 0, as in the C kernel (see _kernels.c)
+            np.putmask(acc, acc < np.finfo(np.float32).tiny, np.float32(0.0))
+            np.add(acc, np.float32(self.eps), out=tmp)
+            np.sqrt(tmp, out=tmp)
+            np.divide(grad, tmp, out=tmp)
+            tmp *= np.float32(lr)
+        np.subtract(theta_in, tmp, out=theta_out)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.state.items()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        for k, v in self.state.items():
+            if k not in state or np.shape(state[k]) != v.shape:
+                raise ValueError(f"optimizer state '{k}' missing or of shape "
+                                 f"{np.shape(state.get(k))}, expected {v.shape}")
+            v[...] = state[k]

@@ -1,0 +1,115 @@
+"""Wiring: build each rank's parts and run its role (acme's ``make_distributed_experiment``).
+
+Call order on every rank (collective steps marked *):
+
+    run dir prepared by rank 0, outcome broadcast *     -> one-line error on all ranks if unusable
+    network built on the first client, size broadcast *
+    resume point chosen by rank 0, broadcast *; each rank reads its own state
+    ParameterStore created *, initialised from the first client's parameters *
+    role loop: ps -> run_ps (rank 0 also gathers metrics); replay -> run_replay;
+               clients -> run_client(the worker that ``make_worker`` builds for the role)
+    store freed *
+
+The runtime knows no algorithm: ``make_worker(ctx, role)`` (:func:`hpcrl.agents.make_worker`)
+is handed in by the command line. ps and replay ranks never import torch.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Callable
+
+from mpi4py import MPI
+
+from hpcrl import __version__
+from hpcrl.config import Config
+from hpcrl.core import Worker
+from hpcrl.runtime import hooks, watchdog
+from hpcrl.runtime.client import run_client
+from hpcrl.runtime.context import Context
+from hpcrl.runtime.coord import STOP_SIGNAL, Coordinator
+from hpcrl.runtime.exits import EXIT_REQUEUE
+from hpcrl.runtime.params.store import ParameterStore, StoreSpec, load_shard_state
+from hpcrl.runtime.ps import make_optimizer, run_ps, run_replay
+from hpcrl.runtime.rundir import find_resume, load_rank_state, prepare_run_dir, write_config
+from hpcrl.runtime.topology import Layout, Role
+
+WorkerFactory = Callable[[Context, Role], Worker]
+
+
+def validate(cfg: Config) -> None:
+    """Checks that need no MPI and no torch (so they fail fast on every rank)."""
+    from hpcrl.games import resolve_game_id
+
+    resolve_game_id(cfg.game)
+
+
+def initial_parameters(cfg: Config):
+    """theta0: the flat parameters of a freshly built network for the run's game."""
+    from hpcrl.envs import env_spec
+    from hpcrl.rl.networks import build_network
+    from hpcrl.runtime.params.layout import ParamLayout
+
+    net = build_network(cfg, *env_spec(cfg))
+    return ParamLayout.from_module(net).to_flat(net)
+
+
+def count_params(cfg: Config) -> int:
+    """Parameters of the run's network (for ``--dry-run``)."""
+    return int(initial_parameters(cfg).size)
+
+
+def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
+        force_new: bool = False) -> int:
+    """Build and run this rank's role; returns the exit status."""
+    rank = comm.Get_rank()
+    role = layout.roles[rank]
+    mcomm, rcomm = comm.Dup(), comm.Dup()
+    run_dir = prepare_run_dir(comm, cfg, force_new)
+    if rank == 0:
+        print(f"[hpcrl] {cfg.algo} on {cfg.game}: {layout.world_size} ranks "
+              f"({', '.join(f'{n} {r}' for r, n in layout.counts().items())}), run dir {run_dir},"
+              f" {MPI.Get_library_version().splitlines()[0].strip()}, host {socket.gethostname()}",
+              flush=True)
+    first_client = layout.client_ranks[0]
+    theta0 = initial_parameters(cfg) if rank == first_client else None
+    n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
+    found = find_resume(comm, run_dir, layout, n_params)
+    if rank == 0:
+        write_config(run_dir, cfg)
+    gen, manifest = found if found else (0, None)
+    state = (load_rank_state(run_dir / "checkpoints", gen, manifest, layout, rank, n_params)
+             if found else None)
+    if rank == 0 and found:
+        old_n_ps = manifest["roles"].count("ps")
+        moved = (f", its {old_n_ps} parameter shards re-split over {len(layout.ps_ranks)} ps ranks"
+                 if manifest["roles"] != layout.role_names() else "")
+        print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
+              f"{manifest['frames']:,}{moved}", flush=True)
+    store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
+    opt = None
+    if role == Role.PS:
+        opt = make_optimizer(cfg, store)
+        if state is not None:
+            load_shard_state(store, opt, state)
+    store.initialize(None if found else theta0)
+    info = dict(roles=layout.role_names(), world_size=layout.world_size,
+                n_params=n_params, algo=cfg.algo, game=cfg.game, seed=cfg.seed,
+                hpcrl_version=__version__)
+    coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,
+                        every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
+                        info=info)
+    ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
+                  manifest["frames"] if manifest else None, opt)
+    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))
+    hooks.after_startup(rank)
+    if role == Role.PS:
+        run_ps(ctx)
+    elif role == Role.REPLAY:
+        run_replay(ctx)
+    else:
+        run_client(ctx, make_worker(ctx, role))
+    store.free()
+    for c in (mcomm, rcomm):
+        c.Free()
+    return EXIT_REQUEUE if coord.stop_code == STOP_SIGNAL else 0

@@ -1,0 +1,99 @@
+"""The loops of the ranks that need no network: parameter servers and global replay.
+
+Neither imports torch (about 155 MB per process; a 130-rank job on shared nodes cannot
+afford it), and both check that nothing did.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hpcrl.config import Config
+from hpcrl.runtime import hooks
+from hpcrl.runtime.context import Context
+from hpcrl.runtime.coord import STOP_BUDGET, STOP_SIGNAL
+from hpcrl.runtime.params.header import Word
+from hpcrl.runtime.params.optim import ShardOptimizer
+from hpcrl.runtime.params.store import ParameterStore, ShardServer
+from hpcrl.runtime.profiling import ps_cpu_clock
+from hpcrl.runtime.reporter import Reporter, early_stop_reason
+from hpcrl.runtime.topology import Role
+
+
+def make_optimizer(cfg: Config, store: ParameterStore) -> ShardOptimizer:
+    """The update rule of this ps rank's shard."""
+    return ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
+                          decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum)
+
+
+def assert_no_torch(role: str) -> None:
+    """ps and replay ranks must not import torch: ~155 MB each, and 130 ranks share a node's
+    memory with their replay."""
+    if "torch" in sys.modules:
+        raise RuntimeError(f"a {role} rank imported torch; it must not (memory per rank)")
+
+
+def run_ps(ctx: Context) -> None:
+    """Apply or drop gradients until a coordinated checkpoint says stop; rank 0 also gathers
+    the metrics and applies the early-stop rule."""
+    assert_no_torch("ps")
+    cfg = ctx.cfg
+    # Gorila refreshes the target every N applied updates; the async methods ask for it
+    # every I_target global steps (clients call request_target_refresh).
+    target_every = cfg.target_update_every if cfg.algo == "gorila" else 0
+    server = ShardServer(ctx.store, ctx.opt, max_staleness=cfg.max_staleness,
+                         target_update_every=target_every)
+    reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames)
+                if ctx.rank == 0 else None)
+    on_tick = _rank0_tick(ctx, reporter) if reporter else None
+    times = hooks.phase_times_dir()
+    if times is not None:
+        on_tick = ps_cpu_clock(times / f"ps-rank-{ctx.rank}.jsonl", lambda: server.version,
+                               on_tick)
+    stop = server.serve(idle_sleep_s=cfg.ps_idle_sleep_ms / 1e3, on_tick=on_tick, coord=ctx.coord,
+                        before_write=reporter.before_checkpoint if reporter else None)
+    if reporter:
+        reporter.finish("preempted" if stop == STOP_SIGNAL else "finished")
+
+
+def _rank0_tick(ctx: Context, reporter: Reporter):
+    """Rank 0's tick: gather metrics, then (``early_stop``) end the run like a spent budget
+    once the rule holds. It sees only the returns since this start: the file's earlier rows
+    were judged before the resume."""
+    stopped = False
+    frames = ctx.store.word(Word.FRAMES)
+
+    def tick() -> None:
+        nonlocal stopped
+        reporter.tick()
+        if not ctx.cfg.early_stop or stopped:
+            return
+        reason = early_stop_reason(reporter.returns, reporter.eval_returns,
+                                   ctx.cfg.early_stop_return)
+        if reason:
+            stopped = True
+            print(f"[hpcrl] early stop: {reason} at frame {frames.read():,}",
+                  flush=True)
+            ctx.coord.request(STOP_BUDGET)
+    return tick
+
+
+def run_replay(ctx: Context) -> None:
+    """A global replay rank: serves its actors' streams to all learners."""
+    assert_no_torch("replay")
+    from hpcrl.envs import env_spec
+    from hpcrl.rl.replay import frame_layout
+    from hpcrl.runtime.replay_server import ReplayServer
+
+    cfg, layout = ctx.cfg, ctx.layout
+    stack, frame_shape, frame_dtype = frame_layout(env_spec(cfg)[0])
+    replays = layout.ranks_of(Role.REPLAY)
+    me = replays.index(ctx.rank)
+    n_actors = len(layout.ranks_of(Role.ACTOR))
+    n_streams = sum(1 for a in range(n_actors) if a % len(replays) == me) * cfg.envs_per_actor
+    n_peers = n_actors + len(layout.ranks_of(Role.LEARNER))
+    server = ReplayServer(ctx.rcomm, cfg.replay_capacity, cfg.replay_min_fill, frame_shape,
+                          frame_dtype, stack, n_streams, n_peers, ctx.seed)
+    if ctx.state is not None:
+        server.set_state(ctx.state)
+    server.serve(coord=ctx.coord, save_replay=cfg.checkpoint_replay)

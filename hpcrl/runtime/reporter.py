@@ -1,0 +1,140 @@
+"""Rank 0's gatherer: episodes and learner counters from every client into ``metrics.h5``,
+plus a progress line every ``log_every_s`` seconds; and the early-stop rule it feeds."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcrl import __version__
+from hpcrl.config import Config, to_toml
+from hpcrl.core import STATS_FIELDS
+from hpcrl.io.metrics import MetricsWriter
+from hpcrl.runtime.context import EPISODE_FIELDS, ROW_FLOATS, TAG_CKPT, TAG_EPISODE, TAG_STATS
+from hpcrl.runtime.params.store import ParameterStore
+from hpcrl.runtime.topology import Layout
+
+EARLY_STOP_WINDOW = 20       # episodes averaged by the early-stop rule
+
+
+def early_stop_reason(train_returns: list[float], eval_returns: list[float],
+                      threshold: float, window: int = EARLY_STOP_WINDOW) -> str | None:
+    """``early_stop``: why the run should end now, or None. The mean of the last ``window``
+    evaluation episodes (training episodes when nothing evaluates) must reach ``threshold``."""
+    kind, returns = (("evaluation", eval_returns) if eval_returns else ("training", train_returns))
+    if len(returns) < window or np.mean(returns[-window:]) < threshold:
+        return None
+    return (f"mean return of the last {window} {kind} episodes "
+            f"{np.mean(returns[-window:]):.1f} >= {threshold}")
+
+
+class Reporter:
+    """Rank 0's gatherer: episodes and learner statistics from all clients into metrics.h5,
+    plus a progress line every ``log_every_s`` seconds."""
+
+    def __init__(self, mcomm: MPI.Comm, store: ParameterStore, cfg: Config, layout: Layout,
+                 run_dir: Path, resume_frames: int | None = None):
+        self.mcomm, self.store, self.cfg = mcomm, store, cfg
+        self.clients = layout.client_ranks
+        attrs = dict(algo=cfg.algo, game=cfg.game, seed=cfg.seed, config=to_toml(cfg),
+                     hpcrl_version=__version__)
+        path = run_dir / "metrics.h5"
+        resume = resume_frames is not None and path.exists()
+        if path.exists() and not resume:                 # a start that never checkpointed
+            old = run_dir / f"metrics.old-{int(time.time())}.h5"
+            os.replace(path, old)
+            print(f"hpcrl: warning: {run_dir} has metrics but no checkpoint; starting over, the "
+                  f"old metrics are kept as {old.name}", flush=True)
+        self.writer = MetricsWriter(path, attrs, resume=resume)
+        if resume:
+            self.writer.rollback(resume_frames)   # rows after the checkpoint happen again
+        self.markers = 0
+        self.resume_frames = resume_frames or 0
+        self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
+        self.loss_at_report = (0.0, 0.0)
+        self.returns: list[float] = []
+        self.eval_returns: list[float] = []
+        self.episodes = 0
+        self.t0 = time.monotonic()
+        self.last_report = (self.t0, self.resume_frames)
+        if resume:
+            self.episodes = self.writer.rows("episodes")
+        self.buf = np.zeros(ROW_FLOATS)
+        self.tty = sys.stdout.isatty()
+
+    def drain(self) -> None:
+        status = MPI.Status()
+        while self.mcomm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            src, tag = status.Get_source(), status.Get_tag()
+            self.mcomm.Recv(self.buf, src, tag)
+            if tag == TAG_EPISODE:
+                row = dict(zip(EPISODE_FIELDS, self.buf))
+                group = "eval" if row["kind"] == 1 else "episodes"
+                self.writer.append(group, **{k: row[k] for k in EPISODE_FIELDS[1:]})
+                if group == "episodes":
+                    self.returns.append(row["return"])
+                    self.episodes += 1
+                else:
+                    self.eval_returns.append(row["return"])
+            elif tag == TAG_STATS:
+                self.stats[src] = self.buf[:len(STATS_FIELDS)].copy()
+            elif tag == TAG_CKPT:
+                self.markers += 1
+
+    def tick(self) -> None:
+        self.drain()
+        now = time.monotonic()
+        if now - self.last_report[0] >= self.cfg.log_every_s:
+            self.report(now)
+
+    def report(self, now: float) -> None:
+        c = self.store.counters()
+        total = np.sum(list(self.stats.values()), axis=0)
+        s = dict(zip(STATS_FIELDS, total))
+        d_loss = s["loss_sum"] - self.loss_at_report[0]
+        d_n = s["loss_count"] - self.loss_at_report[1]
+        self.loss_at_report = (s["loss_sum"], s["loss_count"])
+        t_prev, f_prev = self.last_report
+        fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
+        self.last_report = (now, c["frames"])
+        loss = d_loss / d_n if d_n else float("nan")
+        self.writer.append("train", frames=c["frames"], updates=c["applied"], loss=loss,
+                           dropped_stale=c["dropped_stale"],
+                           dropped_outlier=int(s["dropped_outlier"]),
+                           dropped_nonfinite=c["dropped_nonfinite"] + int(s["dropped_nonfinite"]),
+                           frames_per_second=fps, wall_time=now - self.t0)
+        self.writer.flush()
+        recent = np.mean(self.returns[-20:]) if self.returns else float("nan")
+        evals = (f"eval(last 20) {np.mean(self.eval_returns[-20:]):8.2f} | "
+                 if self.eval_returns else "")
+        line = (f"frames {c['frames']:>11,} | {fps:8.0f} frames/s | episodes {self.episodes:>6} | "
+                f"return(last 20) {recent:8.2f} | {evals}updates {c['applied']:>9,} | dropped stale "
+                f"{c['dropped_stale']} outlier {int(s['dropped_outlier'])} nonfinite "
+                f"{c['dropped_nonfinite'] + int(s['dropped_nonfinite'])}")
+        if self.tty:
+            done = min(c["frames"] / self.cfg.total_frames, 1.0)
+            bar = "#" * int(30 * done) + "." * (30 - int(30 * done))
+            print(f"\r[{bar}] {100 * done:5.1f}% {line}", end="", flush=True)
+        else:
+            print(f"[hpcrl] {line}", flush=True)
+
+    def before_checkpoint(self) -> None:
+        """Drain every client's messages up to its checkpoint marker, then flush: the file then
+        holds exactly the episodes played before the checkpoint."""
+        while self.markers < len(self.clients):
+            self.drain()
+            time.sleep(1e-4)
+        self.markers = 0
+        self.writer.flush()
+
+    def finish(self, status: str = "finished") -> None:
+        self.drain()
+        self.report(time.monotonic())
+        if self.tty:
+            print(flush=True)
+        self.writer.close(status)

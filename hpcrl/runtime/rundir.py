@@ -1,0 +1,117 @@
+"""The run directory: who owns it, the config written into it, and what a resume reads.
+
+Rank 0 decides every question here and broadcasts the answer, so a refusal is the same
+one-line :class:`~hpcrl.config.ConfigError` on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from mpi4py import MPI
+
+from hpcrl.config import Config, ConfigError, load_config, to_toml
+from hpcrl.io import checkpoint as ck
+from hpcrl.io.files import replace_text
+from hpcrl.runtime.reshard import layout_change_error, merge_pieces, shard_pieces, \
+    worker_source_rank
+from hpcrl.runtime.topology import Layout, Role
+
+
+#: Fields that define what a run directory holds: a different value is a different run.
+IDENTITY_FIELDS = ("algo", "game", "seed", "mode", "network", "mlp_hidden", "lstm",
+                   "frame_skip", "frame_stack")
+
+
+def _owner_mismatch(run_dir: Path, cfg: Config) -> str | None:
+    """Which identity field of the run already in ``run_dir`` differs from ``cfg``, if any."""
+    path = run_dir / "config.toml"
+    if not path.exists():
+        return None
+    try:
+        old = load_config(path)
+    except ConfigError as exc:
+        return f"its config.toml is unreadable ({exc})"
+    for name in IDENTITY_FIELDS:
+        if getattr(old, name) != getattr(cfg, name):
+            return f"it holds a run with {name}={getattr(old, name)!r}, not {getattr(cfg, name)!r}"
+    return None
+
+
+def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False) -> Path:
+    """Rank 0 checks, creates and claims the run directory; all ranks learn the outcome.
+
+    A directory that holds a different run (see IDENTITY_FIELDS) is refused unless
+    ``force_new``, which moves it aside to ``<dir>.old-<unix time>`` (never deletes it).
+    """
+    run_dir = cfg.resolved_run_dir()
+    error = None
+    if comm.Get_rank() == 0:
+        try:
+            mismatch = _owner_mismatch(run_dir, cfg)
+            if mismatch and not force_new:
+                error = (f"run directory {run_dir} belongs to another run: {mismatch}; choose "
+                         "another --set run_dir=..., or pass --force-new to move it aside")
+            else:
+                if mismatch:
+                    os.replace(run_dir, run_dir.with_name(f"{run_dir.name}.old-{int(time.time())}"))
+                run_dir.mkdir(parents=True, exist_ok=True)
+                probe = run_dir / ".hpcrl-write-probe"
+                probe.write_text("")
+                probe.unlink()
+        except OSError as exc:
+            error = f"run directory {run_dir} is not usable: {exc.strerror or exc}"
+    error = comm.bcast(error, root=0)
+    if error:
+        raise ConfigError(error)
+    return run_dir
+
+
+def write_config(run_dir: Path, cfg: Config) -> None:
+    """The resolved config, once the run is known to start or resume here (rank 0)."""
+    replace_text(run_dir / "config.toml", to_toml(cfg))
+
+
+def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
+    """Rank 0 picks the newest complete checkpoint generation and checks that this job can
+    continue it; every rank gets (generation, manifest) or None, or the same ConfigError."""
+    found, error = None, None
+    if comm.Get_rank() == 0:
+        root = run_dir / "checkpoints"
+        found = ck.latest_complete(root, warn=lambda m: print(m, flush=True))
+        damaged = [g for g in ck.generations(root) if (ck.gen_dir(root, g) / ck.MANIFEST).exists()]
+        if found is None and damaged:
+            error = (f"no usable checkpoint in {root}: every complete generation "
+                     f"({', '.join(map(str, damaged))}) is damaged (see the warnings above); "
+                     "move that directory aside to start this run over")
+        if found is not None:
+            gen, manifest = found
+            why = layout_change_error(manifest.get("roles", []), layout.role_names())
+            if why:
+                error = f"checkpoint generation {gen} in {run_dir} {why}"
+            elif manifest.get("n_params") != n_params:
+                error = (f"checkpoint generation {gen} has {manifest.get('n_params')} network "
+                         f"parameters, this network has {n_params}")
+    found, error = comm.bcast((found, error), root=0)
+    if error:
+        raise ConfigError(error)
+    return found
+
+
+def load_rank_state(root: Path, gen: int, manifest: dict, layout: Layout, rank: int,
+                    n_params: int) -> dict:
+    """This rank's state from generation ``gen``, moved to this job's layout if it differs:
+    a ps rank assembles its new shard from slices of the old shards' files, a worker reads the
+    file of the old worker at its position (hpcrl.reshard)."""
+    old_roles, new_roles = manifest["roles"], layout.role_names()
+    if old_roles == new_roles:
+        return ck.read_state(ck.rank_file(root, gen, rank))
+    if layout.roles[rank] != Role.PS:
+        return ck.read_state(ck.rank_file(root, gen, worker_source_rank(old_roles, new_roles, rank)))
+    old_ps = [i for i, r in enumerate(old_roles) if r == "ps"]
+    pieces = shard_pieces(n_params, len(old_ps), len(layout.ps_ranks),
+                          layout.ps_ranks.index(rank))
+    return merge_pieces([ck.read_state(ck.rank_file(root, gen, old_ps[j]), slice(lo, hi))
+                         for j, lo, hi in pieces])

@@ -1,0 +1,149 @@
+"""How much of a run's network can still learn, read from its newest checkpoint.
+
+A ReLU unit whose input is negative for every observation passes no gradient, to its own
+weights or to the units feeding it, and nothing brings it back: a "dead" unit. A3C on Pong
+can lose most of its units this way within the first million frames (docs/experiments), and then trains for days at a return of -21 with nothing in the metrics to say so.
+
+The parameter servers keep one optimiser statistic per parameter: RMSProp's
+v <- a v + (1 - a) g^2 (Mnih et al. 2016, S7; Tieleman & Hinton 2012), AdaGrad's
+G <- G + g^2 (Gorila). After a parameter's gradient has been exactly 0 for a few thousand
+applied updates, v has decayed below the smallest normal float and the ps kernel stores 0
+(it runs with flush-to-zero); G is 0 only if the parameter never had a gradient. So the
+fraction of statistics at exactly 0 per tensor is the fraction of that tensor that no longer
+learns, and it needs neither an environment nor a forward pass. Under per-client RMSProp a
+parameter counts only when every client's statistic is 0.
+
+Read the biases first: a unit's bias has a gradient whenever the unit is active and something
+downstream still learns, so a bias at 0 is a dead unit (a conv bias: a dead channel). A weight
+at 0 is a dead unit, or an input that is always 0: most of the first fully connected layer's
+inputs in Pong are background positions where the conv features never fire, so that tensor sits
+near 40 % on a healthy network (measured at 0.75 M frames) and is no alarm by itself.
+
+    python -m hpcrl.diagnose RUN_DIR [--format text|json]
+
+Reads the run's ``config.toml`` (TOML, data only) and the ps ranks' HDF5 files of the newest
+complete checkpoint generation; builds the network (torch) only to name the tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import h5py
+import numpy as np
+
+from hpcrl.io import checkpoint as ckpt
+from hpcrl.runtime.reshard import PS  # the ps role name in a manifest's roles
+
+STATISTICS = ("v", "G")  # RMSProp (shared or per client), AdaGrad
+WHAT_ZERO_MEANS = {"v": "no gradient for thousands of updates", "G": "never a gradient"}
+
+
+class DiagnoseError(RuntimeError):
+    """One line for the user: what is wrong with the run directory."""
+
+
+def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray) -> list[dict]:
+    """Per tensor, the share of its parameters whose statistic is exactly 0.
+
+    Args:
+        tensors: (name, number of parameters) in the flat vector's order.
+        stat: [n] statistics, or [n_clients, n] per-client statistics (a parameter counts
+            as zero only when it is zero for every client).
+
+    Returns:
+        [{"name", "size", "zero", "fraction"}], one per tensor, then one named "all".
+    """
+    zero = ~np.any(np.atleast_2d(stat) != 0, axis=0)
+    n = sum(size for _, size in tensors)
+    if zero.size != n:
+        raise DiagnoseError(f"the checkpoint holds {zero.size} statistics but the network has "
+                            f"{n} parameters; was the config changed after the run?")
+    bounds = np.cumsum([0] + [size for _, size in tensors])
+    spans = [(name, lo, hi) for (name, _), lo, hi in zip(tensors, bounds[:-1], bounds[1:])]
+    rows = []
+    for name, lo, hi in spans + [("all", 0, n)]:
+        count = int(np.count_nonzero(zero[lo:hi]))
+        rows.append({"name": name, "size": int(hi - lo), "zero": count,
+                     "fraction": count / (hi - lo) if hi > lo else 0.0})
+    return rows
+
+
+def _ps_statistics(run_dir: Path) -> tuple[int, dict, np.ndarray, str]:
+    """(generation, manifest, statistics over all ps shards, their name) of the newest
+    complete checkpoint."""
+    root = run_dir / "checkpoints"
+    found = ckpt.latest_complete(root, warn=lambda msg: print(msg, file=sys.stderr))
+    if found is None:
+        raise DiagnoseError(f"{run_dir}: no complete checkpoint generation under {root}")
+    gen, manifest = found
+    if not {"files", "roles", "frames"} <= manifest.keys():
+        raise DiagnoseError(f"{ckpt.gen_dir(root, gen)}: manifest lacks files, roles or frames")
+    files = [e["file"] for e, role in zip(manifest["files"], manifest["roles"]) if role == PS]
+    shards, name = [], None
+    for file in files:
+        with h5py.File(ckpt.gen_dir(root, gen) / file, "r") as f:
+            name = name or next((s for s in STATISTICS if f"opt/{s}" in f), None)
+            if name is None or f"opt/{name}" not in f:
+                raise DiagnoseError(f"{file}: the ps optimiser keeps no per-parameter statistic "
+                                   "(RMSProp v or AdaGrad G) to inspect")
+            shards.append(f[f"opt/{name}"][...])
+    return gen, manifest, np.concatenate(shards, axis=-1), name
+
+
+def _tensors(run_dir: Path) -> tuple[list[tuple[str, int]], object]:
+    from hpcrl.config import ConfigError, load_config
+    from hpcrl.envs import env_spec
+    from hpcrl.rl.networks import build_network
+
+    try:
+        cfg = load_config(run_dir / "config.toml")
+    except ConfigError as exc:
+        raise DiagnoseError(str(exc)) from None
+    net = build_network(cfg, *env_spec(cfg))
+    return [(n, p.numel()) for n, p in net.named_parameters()], cfg
+
+
+def diagnose_run(run_dir: str | Path) -> dict:
+    """The report of ``python -m hpcrl.diagnose`` as a dict (see ``zero_fractions``)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").is_file():
+        raise DiagnoseError(f"{run_dir}: not a run directory (no config.toml)")
+    gen, manifest, stat, name = _ps_statistics(run_dir)
+    tensors, cfg = _tensors(run_dir)
+    return {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),
+            "algo": cfg.algo, "game": cfg.game, "optimizer": cfg.optimizer, "statistic": name,
+            "tensors": zero_fractions(tensors, stat)}
+
+
+def format_text(report: dict) -> str:
+    lines = [f"{report['run_dir']}: {report['algo']} on {report['game']}, checkpoint generation "
+             f"{report['generation']} at {report['frames']:,} frames",
+             f"share of parameters whose {report['optimizer']} statistic {report['statistic']} "
+             f"is 0 ({WHAT_ZERO_MEANS[report['statistic']]}; a bias at 0 is a dead unit):"]
+    width = max(len(r["name"]) for r in report["tensors"])
+    for r in report["tensors"]:
+        lines.append(f"  {r['name']:<{width}} {r['size']:>12,} {100 * r['fraction']:6.1f} %")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpcrl.diagnose", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", help="a run directory (holds config.toml and checkpoints/)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    args = p.parse_args(argv)
+    try:
+        report = diagnose_run(args.run_dir)
+    except (DiagnoseError, ckpt.CheckpointError, OSError) as exc:
+        print(f"hpcrl.diagnose: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(report) + "\n" if args.format == "json" else format_text(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
