@@ -8,7 +8,7 @@
 # Idempotent: packages are installed only when missing, slurm.conf is rewritten only when its
 # content changes (and then the running daemons are told to reread it), daemons are started only
 # when not running. Waits (bounded) until the node is idle; exits non-zero with a one-line
-# reason otherwise. Facts behind the config: ARCHITECTURE.md section 7.
+# reason otherwise. Facts behind the config: docs/cluster.md ("A local SLURM for testing").
 #
 # Usage: bash scripts/slurm_local.sh          (env: SLURM_LOCAL_WAIT_S, default 60)
 set -euo pipefail

@@ -9,7 +9,7 @@
 #   command  = LAUNCHER python -m hpcrl.run --config CONFIG --set game=GAME --set seed=SEED
 #              --set run_dir=DIR [extra script arguments, passed through]
 #
-# Preemption / time limit (ARCHITECTURE.md section 7): the scripts ask for
+# Preemption / time limit (docs/cluster.md): the scripts ask for
 # `--signal=B:USR1@<s> --requeue --open-mode=append`. B: delivers SIGUSR1 to this batch shell
 # only, so the shell forwards it (and SIGTERM) to the launcher, which passes it on to every rank
 # (mpich's hydra mpiexec and srun both forward SIGUSR1). A run that wrote a checkpoint on the
