@@ -1,13 +1,31 @@
-"""Parts every learner of both families uses: the target network that follows the store's
-target copy, and torch's RNG state in a checkpoint."""
+"""Parts the workers of both families share: the defaults of the worker interface, the target
+network that follows the store's target copy, and torch's RNG state in a checkpoint."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from hpcrl.core import ParamSource
+from hpcrl.core import LearnerStats, ParamSource
 from hpcrl.runtime.params.layout import bind_parameters
+
+
+class WorkerBase:
+    """Defaults of :class:`hpcrl.core.Worker` for the parts a worker does not need: no learner
+    counters, nothing to send before a checkpoint, nothing to refresh after it, nothing to
+    close."""
+
+    def stats(self) -> LearnerStats | None:
+        return None
+
+    def before_checkpoint(self) -> None:
+        pass
+
+    def after_checkpoint(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class TargetNetwork:

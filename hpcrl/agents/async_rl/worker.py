@@ -22,7 +22,7 @@ import numpy as np
 
 from hpcrl.agents.async_rl.learner import VALUE_METHODS, AsyncLearner, target_refresh_due
 from hpcrl.agents.async_rl.rollout import collect_rollout
-from hpcrl.agents.base import TargetNetwork, set_torch_rng_state, torch_rng_state
+from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, torch_rng_state
 from hpcrl.agents.evaluation import evaluate
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import StepResult, make_env_from_config
@@ -36,7 +36,7 @@ from hpcrl.runtime.params.layout import bind_parameters
 from hpcrl.runtime.profiling import NullClock, PhaseClock
 
 
-class ActorLearnerWorker:
+class ActorLearnerWorker(WorkerBase):
     """Act a rollout, compute its gradient, push, pull (one worker step per rollout)."""
 
     def __init__(self, ctx: Context):
@@ -112,9 +112,6 @@ class ActorLearnerWorker:
 
     def stats(self) -> LearnerStats:
         return self.learner.stats
-
-    def before_checkpoint(self) -> None:
-        pass
 
     def after_checkpoint(self) -> None:
         self.versions = self.store.pull(self.theta)

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from hpcrl.agents.base import TargetNetwork, set_torch_rng_state, torch_rng_state
+from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, torch_rng_state
 from hpcrl.agents.evaluation import evaluate
 from hpcrl.agents.gorila.actor import Actor, LocalReplaySink
 from hpcrl.agents.gorila.learner import GorilaLearner
@@ -54,7 +54,7 @@ def _restore_common(state: dict, actor: Actor | None, learner: GorilaLearner | N
         learner.set_state(sub_state(state, "learner"))
 
 
-class BundleWorker:
+class BundleWorker(WorkerBase):
     """Gorila bundled mode: act, store locally, learn and push."""
 
     def __init__(self, ctx: Context):
@@ -91,9 +91,6 @@ class BundleWorker:
     def stats(self) -> LearnerStats:
         return self.learner.stats
 
-    def before_checkpoint(self) -> None:
-        pass
-
     def after_checkpoint(self) -> None:
         self.actor.sync()                     # parameters may have moved during the pause
 
@@ -116,7 +113,7 @@ class BundleWorker:
         self.env.close()
 
 
-class ActorWorker:
+class ActorWorker(WorkerBase):
     """Gorila split mode, actor: act and ship transitions to a global replay rank."""
 
     def __init__(self, ctx: Context):
@@ -129,9 +126,6 @@ class ActorWorker:
 
     def step(self) -> None:
         self.actor.step()
-
-    def stats(self) -> None:
-        return None
 
     def before_checkpoint(self) -> None:
         self.sink.marker()
@@ -150,7 +144,7 @@ class ActorWorker:
         self.actor.env.close()
 
 
-class LearnerWorker:
+class LearnerWorker(WorkerBase):
     """Gorila split mode, learner: sample global replay, compute and push DQN gradients."""
 
     def __init__(self, ctx: Context):
@@ -200,11 +194,8 @@ class LearnerWorker:
         _restore_common(state, None, self.learner)
         generator_state_from_array(self.client.rng, state["client_rng"])
 
-    def close(self) -> None:
-        pass
 
-
-class EvaluatorWorker:
+class EvaluatorWorker(WorkerBase):
     """Every ``eval_every_frames`` global frames, pull the current parameters and play
     ``eval_episodes`` evaluation episodes (recorded in the ``eval`` group)."""
 
@@ -232,15 +223,6 @@ class EvaluatorWorker:
         self.rounds += 1
         self.next_eval = (self.frames // self.every + 1) * self.every
 
-    def stats(self) -> None:
-        return None
-
-    def before_checkpoint(self) -> None:
-        pass
-
-    def after_checkpoint(self) -> None:
-        pass
-
     def get_state(self) -> dict:
         return {"rng": generator_state_to_array(self.rng), "next_eval": np.int64(self.next_eval),
                 "rounds": np.int64(self.rounds)}
@@ -248,6 +230,3 @@ class EvaluatorWorker:
     def set_state(self, state: dict) -> None:
         generator_state_from_array(self.rng, state["rng"])
         self.next_eval, self.rounds = int(state["next_eval"]), int(state["rounds"])
-
-    def close(self) -> None:
-        pass
