@@ -1,6 +1,6 @@
-"""Actor and learner benchmarks (``python -m hpcrl.bench actor|learner``), one process.
+"""``python -m hpcrl.bench actor|learner|scaling|checkpoint``: the agents' benchmarks.
 
-Both compare the real code path with its bound measured in the same process and run, in
+Each compares the real code path with its bound measured in the same process and run, in
 alternating blocks so that machine noise hits both alike:
 
 * actor: agent steps/s of a Gorila actor on Pong (epsilon-greedy forward, env step, replay add,

@@ -1,4 +1,5 @@
-"""Networks of the papers (torch nn.Modules only, no training logic) and flat-parameter helpers.
+"""Networks of the papers (torch nn.Modules only, no training logic) and the builder that picks
+the run's network.
 
 * `NatureQNetwork`: the DQN network of Mnih et al. 2015 (Nature), used by Gorila (Nair et al.
   2015) and by the asynchronous value methods of Mnih et al. 2016.
