@@ -77,6 +77,8 @@ class Config:
     optimizer: str = _f("adagrad", "update rule applied by the ps ranks", choices=OPTIMIZERS)
     learning_rate: float = _f(0.0025, "learning rate (Gorila: AdaGrad; A3C: RMSProp)", lo=0.0)
     lr_anneal: bool = _f(False, "anneal the learning rate linearly to 0 over total_frames (Mnih 2016)")
+    lr_anneal_frames: int = _f(0, "with lr_anneal: global frames over which the learning rate "
+                               "reaches 0; 0 = total_frames", lo=0)
     rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
     optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots", lo=0.0)
     momentum: float = _f(0.9, "momentum for optimizer = momentum", lo=0.0, hi=1.0)
@@ -114,6 +116,9 @@ class Config:
                                "(0 = off); Gorila does not clip (its outlier rule drops instead)",
                                lo=0.0)
     lstm: bool = _f(False, "A3C: LSTM variant (256 cells after the fc layer)")
+    wait_own_update: float = _f(0.0, "asynchronous methods: after a push, wait up to this many "
+                                "seconds for the ps to apply it before pulling (0 = pull at once, "
+                                "Hogwild)", lo=0.0, hi=10.0)
     anneal_frames: int = _f(4_000_000, "frames over which async epsilons anneal from 1", lo=1)
 
     # --- evaluation --------------------------------------------------------------------------

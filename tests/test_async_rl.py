@@ -16,7 +16,7 @@ from hpcrl.bench.agents import phase_fraction
 from hpcrl.config import Config
 from hpcrl.envs import make_env
 from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy
-from hpcrl.rl.losses import huber
+from hpcrl.rl.losses import huber, value_targets
 from hpcrl.rl.networks import build_actor_critic, build_q_network
 from hpcrl.rl.policies import sample_from_logits
 from hpcrl.runtime.profiling import PhaseClock
@@ -286,3 +286,62 @@ def test_phase_clock_adds_wrapped_calls_and_writes_rows(tmp_path):
     clock.maybe_write(agent_steps=45)
     rows = [json.loads(line) for line in open(tmp_path / "pt" / "rank-1.jsonl")]
     assert len(rows) == 1 and rows[0]["agent_steps"] == 40 and rows[0]["env_s"] == 2.5
+
+
+# ------------------------------------------------------------------------------ batched rollouts
+@pytest.mark.parametrize("algo", ["a3c", "n_step_q"])
+def test_more_environments_with_the_same_data_do_not_change_the_step(algo):
+    """The loss sums over time and averages over environments: a rollout of 2 environments
+    that saw the same transitions gives the gradient (and the loss) of 1 environment."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(3)
+    cfg = Config(algo=algo, gamma=0.9, grad_clip_norm=0.0, entropy_beta=0.01, value_coef=0.5)
+    if algo == "a3c":
+        net, target = build_actor_critic((4,), 2, lstm=False, hidden=8), None
+    else:
+        net = build_q_network((4,), 2, kind="mlp", hidden=8)
+        target = copy.deepcopy(net)
+    T = 5
+    one = Rollout(rng.normal(size=(T, 1, 4)).astype(np.float32), rng.integers(0, 2, (T, 1)),
+                  rng.normal(size=(T, 1)).astype(np.float32), col(1, 1, 0, 1, 1),
+                  col(0, 0, 1, 0, 0, dtype=bool), rng.normal(size=(T, 1, 4)).astype(np.float32))
+    two = Rollout(*(np.repeat(x, 2, axis=1) for x in one[:6]))
+    learner = AsyncLearner(net, target, cfg)
+    g1 = np.concatenate(learner.gradient(one)).copy()
+    g2 = np.concatenate(learner.gradient(two)).copy()
+    assert np.abs(g1).sum() > 0
+    np.testing.assert_allclose(g2, g1, rtol=1e-5, atol=1e-7)
+    assert learner.stats.loss_sum == pytest.approx(2 * float(learner.loss(one).detach()), rel=1e-5)
+
+
+def test_batched_rollout_ends_an_episode_in_one_env_only():
+    """Two CartPole envs in lockstep: where one episode ends and the other goes on, only the
+    ended env's next observation is a reset, and each env's targets are those of its own
+    column alone (returns restart in the ended env only)."""
+    env = make_env("CartPole-v1", 2, seed=4, training=True)
+
+    class AlwaysLeft:
+        state = None
+
+        def act(self, obs):
+            return np.zeros(len(obs), np.int64)
+
+        def episode_end(self, end):
+            pass
+
+    rollout, _ = collect_rollout(env, env.reset(), AlwaysLeft(), 30, None)
+    env.close()
+    only_0 = np.flatnonzero(rollout.end_t[:-1, 0] & ~rollout.end_t[:-1, 1])
+    assert only_0.size, rollout.end_t.T           # both envs' episodes end at different steps
+    i = int(only_0[0])
+    np.testing.assert_array_equal(rollout.s_t[i, 1], rollout.s_tm1[i + 1, 1])   # env 1 goes on
+    assert abs(rollout.s_t[i, 0, 2]) > 0.2                 # env 0 fell: pole past 12 degrees
+    assert abs(rollout.s_tm1[i + 1, 0]).max() <= 0.05      # and restarted
+    q_t = np.random.default_rng(0).normal(size=(30, 2, 2)).astype(np.float32)
+    both = value_targets("n_step_q", rollout.r_t, rollout.discount_t, rollout.end_t,
+                         rollout.a_tm1, q_t, 0.99)
+    for n in range(2):
+        alone = value_targets("n_step_q", rollout.r_t[:, n:n + 1], rollout.discount_t[:, n:n + 1],
+                              rollout.end_t[:, n:n + 1], rollout.a_tm1[:, n:n + 1],
+                              q_t[:, n:n + 1], 0.99)
+        np.testing.assert_array_equal(both[:, n], alone[:, 0])

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from hpcrl.rl.policies import (LinearSchedule, LossOutlierFilter, epsilon_greedy, linear_lr,
-                            sample_final_epsilon)
+from hpcrl.rl.policies import (LinearSchedule, LossOutlierFilter, epsilon_greedy, learning_rate,
+                                linear_lr, sample_final_epsilon)
 
 
 def test_linear_schedule_by_hand():
@@ -31,6 +31,17 @@ def test_linear_lr_by_hand():
     assert linear_lr(0.01, 250, 1000) == pytest.approx(0.0075)
     assert linear_lr(0.01, 1000, 1000) == 0.0
     assert linear_lr(0.01, 1200, 1000) == 0.0
+
+
+def test_learning_rate_anneals_over_its_own_horizon():
+    from hpcrl.config import Config
+
+    cfg = Config(learning_rate=0.01, lr_anneal=True, total_frames=1000)
+    assert learning_rate(cfg, 250) == pytest.approx(0.0075)            # horizon = total_frames
+    longer = cfg.replace(lr_anneal_frames=4000)                         # 1/16 of the way at 250
+    assert learning_rate(longer, 250) == pytest.approx(0.01 * (1 - 250 / 4000))
+    assert learning_rate(longer, 1000) == pytest.approx(0.0075)
+    assert learning_rate(cfg.replace(lr_anneal=False), 999) == 0.01
 
 
 def _frequencies(actions, num_actions):

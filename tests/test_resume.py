@@ -46,11 +46,14 @@ def states(root, gen):
                       for e in manifest["files"]}
 
 
-@pytest.mark.parametrize("config", ["gorila_cartpole", "a3c_cartpole"])
-def test_sigterm_checkpoint_resume_exact(config, tmp_path):
+@pytest.mark.parametrize("config, extra", [
+    ("gorila_cartpole", []), ("a3c_cartpole", []),
+    ("a3c_cartpole", ["--set", "envs_per_actor=4"]),        # batched actor-learners
+])
+def test_sigterm_checkpoint_resume_exact(config, extra, tmp_path):
     run_dir = tmp_path / "run"
     common = ["--config", f"configs/{config}.toml", "--set", f"run_dir={run_dir}",
-              "--set", "checkpoint_keep=10", "--set", "log_every_s=0.5"]
+              "--set", "checkpoint_keep=10", "--set", "log_every_s=0.5", *extra]
     # 1. SIGTERM after >= 1500 frames
     proc = launch(common + ["--set", "total_frames=1000000"])
     deadline = time.time() + 120
@@ -88,8 +91,12 @@ def test_sigterm_checkpoint_resume_exact(config, tmp_path):
     running = sum(int(np.sum(st[k])) for st in s3.values() for k in st
                   if k.endswith("episode_frames_so_far"))
     assert int(eps["length"].sum()) + running == total
-    keys = list(zip(eps["rank"].tolist(), eps["frames"].tolist()))
-    assert len(keys) == len(set(keys))                 # no duplicate after the rollback
+    # The frame identity above is exact: a duplicated or missing episode breaks it. With one
+    # env per rank, (rank, frame stamp) also names an episode; with several, episodes of two
+    # envs may end at the same agent step and share a stamp.
+    if not extra:
+        keys = list(zip(eps["rank"].tolist(), eps["frames"].tolist()))
+        assert len(keys) == len(set(keys))             # no duplicate after the rollback
     assert int(eps["frames"].max()) <= total
 
 

@@ -21,6 +21,12 @@ alternating blocks so that machine noise hits both alike:
   The same bound timed offline in the bench process, between the jobs (env step and forward
   in one loop, as acting interleaves them; backward of a 5-step rollout), is reported as
   ``fraction_of_offline_bound``.
+* scaling ``--envs-per-actor N`` (N > 1): batched actor-learners. The same layout (1 ps + 2
+  actor-learners) with N environments per actor-learner against one each, jobs in the order
+  one, batched, one: whole-job agent steps/s of both and ``batched_over_one_env``; each
+  batched actor-learner's agent steps/s against its in-process bound (N env steps + one
+  batched forward per agent step, one rollout gradient per t_max x N steps); and the raw
+  costs of the same day (ALE frames/s, forward at batch 1 and N, rollout gradient).
 * learner: Gorila learner updates/s (parameter pull, replay sample, DQN gradient, gradient push)
   against a pure torch loop (sample a batch from an in-memory array, forward, target forward,
   backward). The store lives on this one rank (COMM_SELF); the ps's apply runs on another rank
@@ -304,6 +310,96 @@ def _a3c_bound(steps: int, t_max: int = 5) -> dict:
     return {"bound": 1.0 / (t_both + t_bwd), "bound_separate": 1.0 / (t_env + t_fwd + t_bwd)}
 
 
+def _raw_bounds(n_env: int, t_max: int = 5, reps: int = 200) -> dict:
+    """The raw costs a reader needs to tell a slow day: ALE emulation alone (frames/s, no
+    preprocessing), one agent step of the env driver, the A3C network's forward at batch 1
+    and at batch ``n_env``, and forward + backward of a rollout of t_max x ``n_env`` states."""
+    import ale_py
+    import torch
+
+    from hpcrl.config import load_config
+    from hpcrl.envs import make_env_from_config
+    from hpcrl.rl.losses import a3c_loss
+    from hpcrl.rl.networks import build_network
+
+    torch.set_num_threads(1)
+    ale = ale_py.ALEInterface()
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    ale.loadROM(str(ale_py.roms.get_rom_path("pong")))
+    actions = ale.getMinimalActionSet()
+    rng = np.random.default_rng(0)
+
+    def emulate():
+        ale.act(actions[int(rng.integers(len(actions)))])
+        if ale.game_over():
+            ale.reset_game()
+
+    cfg = load_config("configs/a3c_pong.toml")
+    env = make_env_from_config(cfg, n_env, 0, training=True)
+    net = build_network(cfg, env.obs_shape, env.num_actions)
+    obs = env.reset()
+    one = torch.from_numpy(obs[:1])
+    many = torch.from_numpy(obs)
+    rollout = torch.from_numpy(np.repeat(obs, t_max, axis=0))
+    zeros = torch.zeros(t_max * n_env)
+
+    def forward(x):
+        with torch.no_grad():
+            net(x)
+
+    def backward():
+        logits, values, _ = net(rollout)
+        a3c_loss(logits, values, zeros.long(), zeros)["total"].backward()
+
+    out = {"ale_frames_per_s": _rate(emulate, 20 * reps),
+           "env_ms_per_agent_step": 1e3 / _rate(lambda: env.step(
+               rng.integers(env.num_actions, size=n_env)), max(reps // n_env, 20)) / n_env,
+           "forward_ms_batch_1": 1e3 / _rate(lambda: forward(one), reps),
+           f"forward_ms_batch_{n_env}": 1e3 / _rate(lambda: forward(many), reps),
+           f"rollout_gradient_ms_{t_max}x{n_env}": 1e3 / _rate(backward, max(reps // 10, 10))}
+    env.close()
+    return out
+
+
+def bench_batched(algo: str, n_env: int, n_workers: int, seconds: float, warmup: float,
+                  overrides: list[str] = (), launcher_args: list[str] = ()) -> dict:
+    """The whole job's agent steps/s with ``n_env`` environments per actor-learner against the
+    same layout with one each, in the order one, batched, one (the mean of the two one-env
+    jobs cancels a linear drift), and each batched actor-learner's rate as a fraction of its
+    in-process bound (env steps + batched forwards + rollout gradients, timed in the job)."""
+    import tempfile
+
+    jobs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, n in enumerate((1, n_env, 1)):
+            jobs.append(_measure_job(algo, n_workers, seconds, warmup, f"{tmp}/job{i}",
+                                     [*overrides, f"envs_per_actor={n}"], launcher_args))
+    raw = _raw_bounds(n_env)
+    frames_per_step = 4                                  # Pong: frame skip 4
+    one = float(np.mean([jobs[0]["frames_per_s"], jobs[2]["frames_per_s"]])) / frames_per_step
+    batched = jobs[1]["frames_per_s"] / frames_per_step
+    phases = jobs[1]["phases"]
+
+    def mean(key: str) -> float:
+        return float(np.mean([p[key] for p in phases]))
+
+    return {"bench": "scaling", "algo": algo, "envs_per_actor": n_env,
+            "actor_learners": n_workers, "seconds": seconds, "overrides": list(overrides),
+            "launcher_args": list(launcher_args),
+            "agent_steps_per_s_one_env": one, "agent_steps_per_s_batched": batched,
+            "batched_over_one_env": batched / one,
+            "frames_per_s_one_env_runs": [round(j["frames_per_s"], 1) for j in (jobs[0], jobs[2])],
+            "frames_per_s_batched": jobs[1]["frames_per_s"],
+            "fraction": mean("fraction"), "fraction_runs": [round(p["fraction"], 4) for p in phases],
+            "actor_learner_steps_per_s": mean("steps_per_s"),
+            "bound_steps_per_s": mean("bound_steps_per_s"),
+            "phase_ms_per_step": {k: round(mean(f"{k}_ms_per_step"), 4) for k in PHASES},
+            "fraction_one_env": [round(p["fraction"], 4) for j in (jobs[0], jobs[2])
+                                 for p in j["phases"]],
+            "ps_cpu_fraction_batched": [round(p["cpu_fraction"], 3) for p in jobs[1]["ps"]],
+            **{k: round(v, 4) for k, v in raw.items()}}
+
+
 def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str] = (),
                   launcher_args: list[str] = ()) -> dict:
     """frames/s with 1 and 2 actor-learners (plus one ps each), same config, in the order
@@ -408,11 +504,19 @@ def main(what: str, argv: list[str]) -> dict:
                    help="scaling: config overrides for both jobs (e.g. optimizer=sgd)")
     p.add_argument("--launcher-args", default="",
                    help="scaling: extra mpiexec arguments, e.g. '-bind-to core'")
+    p.add_argument("--envs-per-actor", type=int, default=1,
+                   help="scaling: > 1 compares actor-learners stepping this many environments "
+                   "each with one environment each (same layout, same run)")
+    p.add_argument("--actor-learners", type=int, default=2,
+                   help="scaling with --envs-per-actor: actor-learner ranks per job")
     p.add_argument("--transitions", type=int, default=100_000, help="checkpoint: replay size")
     p.add_argument("--dir", default=None, help="checkpoint: where to write (default: tmp)")
     args = p.parse_args(argv)
     if what == "checkpoint":
         return bench_checkpoint(args.transitions, args.dir)
+    if what == "scaling" and args.envs_per_actor > 1:
+        return bench_batched(args.algo, args.envs_per_actor, args.actor_learners, args.seconds,
+                             args.warmup, args.set, args.launcher_args.split())
     if what == "scaling":
         return bench_scaling(args.algo, args.seconds, args.warmup, args.set,
                              args.launcher_args.split())

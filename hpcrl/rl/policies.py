@@ -119,9 +119,12 @@ def linear_lr(lr0: float, frame: int, total_frames: int) -> float:
 
 def learning_rate(cfg, global_frames: int) -> float:
     """The lr a client sends with a gradient (``cfg``: hpcrl.config.Config): ``learning_rate``,
-    annealed by :func:`linear_lr` over ``total_frames`` when ``lr_anneal``."""
+    annealed by :func:`linear_lr` over ``lr_anneal_frames`` (0: ``total_frames``) when
+    ``lr_anneal``. A horizon longer than the run keeps the rate from collapsing in a short run
+    (the paper anneals over 80 M agent steps whatever the budget of one experiment)."""
     if cfg.lr_anneal:
-        return linear_lr(cfg.learning_rate, global_frames, cfg.total_frames)
+        horizon = cfg.lr_anneal_frames or cfg.total_frames
+        return linear_lr(cfg.learning_rate, global_frames, horizon)
     return cfg.learning_rate
 
 

@@ -45,11 +45,16 @@ def validate(cfg: Config) -> None:
 
 
 def initial_parameters(cfg: Config):
-    """theta0: the flat parameters of a freshly built network for the run's game."""
+    """theta0: the flat parameters of a freshly built network for the run's game, drawn from
+    torch's generator seeded with ``cfg.seed``: a run's initial weights follow from its
+    recorded seed (one seed, one theta0; torch's unseeded generator differs per process)."""
+    import torch
+
     from hpcrl.envs import env_spec
     from hpcrl.rl.networks import build_network
     from hpcrl.runtime.params.layout import ParamLayout
 
+    torch.manual_seed(cfg.seed)
     net = build_network(cfg, *env_spec(cfg))
     return ParamLayout.from_module(net).to_flat(net)
 

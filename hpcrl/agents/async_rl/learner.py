@@ -128,22 +128,30 @@ class AsyncLearner:
         self.sq_norm = 0.0
 
     def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
-        """Summed loss of the rollout's transitions (the paper accumulates their gradients)."""
+        """The rollout's loss: summed over its t_max steps, averaged over its N environments.
+
+        The sum over time is the paper's: an actor-learner accumulates the gradients of its
+        rollout's steps, and the learning rates were tuned that way. The mean over
+        environments keeps the step of one push independent of ``envs_per_actor`` (as A2C
+        and PAAC average over their environments): N environments give a gradient of lower
+        variance, not an N times larger one, so learning rate, RMSProp's epsilon and the
+        norm clip keep their meaning. With one environment it is the paper's loss exactly.
+        """
+        T, N = rollout.a_tm1.shape
         if self.cfg.algo == "a3c":
             logits, values, v_t = actor_critic_outputs(self.net, rollout)
             returns = bootstrap_returns(rollout.r_t, rollout.discount_t,
                                         rollout_cuts(rollout.end_t), v_t, self.cfg.gamma)
             out = a3c_loss(logits, values, torch.from_numpy(rollout.a_tm1),
                            torch.from_numpy(returns), self.cfg.entropy_beta, self.cfg.value_coef)
-            return out["total"]
-        T, N = rollout.a_tm1.shape
+            return out["total"] / N
         with torch.no_grad():
             q_t = self.target(torch.from_numpy(flat_batch(rollout.s_t))).numpy()
         y = value_targets(self.cfg.algo, rollout.r_t, rollout.discount_t, rollout.end_t,
                           rollout.a_tm1, q_t.reshape(T, N, -1), self.cfg.gamma, a_next)
         q_tm1 = self.net(torch.from_numpy(flat_batch(rollout.s_tm1)))
         td = td_error(q_tm1, torch.from_numpy(rollout.a_tm1.reshape(-1)), y.reshape(-1))
-        return dqn_loss(td, self.cfg.loss, reduction="sum")
+        return dqn_loss(td, self.cfg.loss, reduction="sum") / N
 
     def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None
                  ) -> list[np.ndarray] | None:

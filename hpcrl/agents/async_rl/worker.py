@@ -102,6 +102,8 @@ class ActorLearnerWorker(WorkerBase):
             num_steps = cfg.t_max * self.n_env
             if target_refresh_due(self.steps.add(num_steps), num_steps, cfg.target_update_every):
                 store.request_target_refresh()
+        if grad is not None and cfg.wait_own_update > 0:
+            store.wait_consumed(timeout_s=cfg.wait_own_update)
         self.versions = store.pull(self.theta)
         self.rollouts += 1
         self.clock.maybe_write(self.rollouts * cfg.t_max * self.n_env)

@@ -287,14 +287,23 @@ class ParameterStore:
             if pending:
                 time.sleep(poll_s)
 
-    def wait_consumed(self, poll_s: float = 50e-6) -> None:
-        """Block until every shard has taken this client's last gradient out of its inbox."""
+    def wait_consumed(self, poll_s: float = 50e-6, timeout_s: float | None = None) -> bool:
+        """Block until every shard has taken this client's last gradient out of its inbox (a
+        shard clears the flag after applying or dropping it), or ``timeout_s`` has passed.
+
+        Returns:
+            True if every shard took it.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = list(range(self.n_ps))
         while pending:
             self._fetch_words(self._flag_word(), pending, self._res)
             pending = [j for j in pending if self._res[j] != 0]
             if pending:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
                 time.sleep(poll_s)
+        return True
 
     def word(self, word: Word) -> "SharedWord":
         """A job-wide header word of shard 0 (frames, steps, the checkpoint words)."""
