@@ -81,6 +81,9 @@ class Config:
                                "reaches 0; 0 = total_frames", lo=0)
     rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
     optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots", lo=0.0)
+    rmsprop_bias_correction: bool = _f(False, "rmsprop_shared: divide the statistic by "
+                                       "1 - decay^t (Adam's correction), so that the first "
+                                       "steps are not up to 10x the learning rate")
     momentum: float = _f(0.9, "momentum for optimizer = momentum", lo=0.0, hi=1.0)
     max_staleness: int = _f(50, "ps drops gradients computed from parameters this many updates old",
                             lo=0)
@@ -205,6 +208,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.algo != "gorila" and cfg.mode != "bundled":
         raise ConfigError(f"{origin}: key 'mode' must be 'bundled' for algo '{cfg.algo}' "
                           "(asynchronous methods run actor-learner ranks)")
+    if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
+        raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
+                          f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")
     if cfg.init != "torch" and cfg.algo != "a3c":
         raise ConfigError(f"{origin}: key 'init' = '{cfg.init}' applies to algo 'a3c' only "
                           f"(got '{cfg.algo}'); remove it")

@@ -109,9 +109,11 @@ class LearnerStats:
                 **{f.name: np.int64(getattr(self, f.name)) for f in fields(self)[1:]}}
 
     def set_state(self, state: dict) -> None:
+        """Counters a checkpoint lacks (the asynchronous learners kept no outlier count before
+        LearnerStats) start at 0."""
         self.loss_sum = float(state["loss_sum"])
         for f in fields(self)[1:]:
-            setattr(self, f.name, int(state[f.name]))
+            setattr(self, f.name, int(state.get(f.name, 0)))
 
 
 #: Field names of a `LearnerStats` row, in order.

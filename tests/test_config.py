@@ -94,3 +94,11 @@ def test_init_applies_to_a3c_only():
         load_config(None, ["init=orthogonal"])
     with pytest.raises(ConfigError, match="init"):
         load_config(None, ["algo=a3c", "init=xavier"])
+
+
+def test_rmsprop_bias_correction_applies_to_shared_rmsprop_only():
+    cfg = load_config(None, ["optimizer=rmsprop_shared", "rmsprop_bias_correction=true"])
+    assert cfg.rmsprop_bias_correction
+    with pytest.raises(ConfigError, match=r"^config: key 'rmsprop_bias_correction' applies to "
+                                          r"optimizer 'rmsprop_shared' only \(got 'adagrad'\)"):
+        load_config(None, ["rmsprop_bias_correction=true"])

@@ -105,3 +105,52 @@ def test_fused_kernel_at_every_alignment(offset, n):
     np.testing.assert_allclose(acc, expect_acc, rtol=1e-6)
     np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-7)
     assert (out_buf[:offset] == 7).all() and (out_buf[offset + n:] == 7).all()   # no overrun
+
+
+def test_rmsprop_bias_correction_by_hand(path):
+    # decay 0.9, eps 0.01, lr 0.5, theta 1:
+    #   g = 2: v = 0.1 * 4 = 0.4, c = 1 - 0.9 = 0.1, v / c = 4; step = 0.5 * 2 / sqrt(4.01)
+    #   g = 1: v = 0.36 + 0.1 = 0.46, c = 1 - 0.81 = 0.19, v / c = 2.421053; step 0.5 / sqrt(2.431053)
+    opt = ShardOptimizer("rmsprop_shared", 1, 1, decay=0.9, eps=0.01, bias_correction=True)
+    a, b = np.array([1.0], np.float32), np.empty(1, np.float32)
+    opt.step(a, np.array([2.0], np.float32), b, 0.5, 0)
+    assert b[0] == pytest.approx(1 - 0.5 * 2 / np.sqrt(4.01), rel=1e-6)
+    opt.step(b, np.array([1.0], np.float32), a, 0.5, 0)
+    assert a[0] == pytest.approx(b[0] - 0.5 / np.sqrt(0.46 / 0.19 + 0.01), rel=1e-6)
+    assert int(opt.get_state()["t"]) == 2
+
+
+def test_rmsprop_bias_correction_matches_a_slow_loop_and_resumes(path):
+    """Against Adam's second-moment correction written out in float64; a copy restored from
+    get_state after 5 steps continues identically."""
+    rng = np.random.default_rng(4)
+    n, decay, eps, lr = 20, 0.99, 1e-5, 7e-4
+    theta = rng.normal(size=n).astype(np.float32)
+    grads = [rng.normal(scale=1e-3, size=n).astype(np.float32) for _ in range(10)]
+    opt = ShardOptimizer("rmsprop_shared", n, 2, decay=decay, eps=eps, bias_correction=True)
+    a, b = theta.copy(), np.empty_like(theta)
+    ref, v = theta.astype(np.float64), np.zeros(n)
+    for t, g in enumerate(grads, start=1):
+        if t == 6:
+            copy = ShardOptimizer("rmsprop_shared", n, 2, decay=decay, eps=eps,
+                                  bias_correction=True)
+            copy.set_state(opt.get_state())
+            resumed_from = a.copy()
+        opt.step(a, g, b, lr, t % 2)
+        a, b = b, a
+        v = decay * v + (1 - decay) * g.astype(np.float64) ** 2
+        ref = ref - lr * g / np.sqrt(v / (1 - decay ** t) + eps)
+        if t == 1:      # at most lr per weight, where the uncorrected rule steps up to 10 lr
+            assert np.abs(ref - theta).max() <= lr
+            np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-8)
+    c, d = resumed_from, np.empty_like(theta)
+    for t, g in enumerate(grads[5:], start=6):
+        copy.step(c, g, d, lr, t % 2)
+        c, d = d, c
+    np.testing.assert_array_equal(c, a)
+
+
+def test_bias_correction_is_for_shared_rmsprop_only():
+    with pytest.raises(ValueError, match="rmsprop_shared only"):
+        ShardOptimizer("adagrad", 4, 1, bias_correction=True)

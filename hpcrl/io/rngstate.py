@@ -27,7 +27,11 @@ def generator_state_from_array(rng: np.random.Generator, state: np.ndarray) -> N
 
 
 def generator_from_array(state: np.ndarray) -> np.random.Generator:
-    """A new Generator continuing a state written by `generator_state_to_array`."""
+    """A new Generator continuing a state written by `generator_state_to_array` (or by the
+    environments' earlier encoding: PCG64 as 6 uint64 words, which older checkpoints hold)."""
+    state = np.asarray(state)
+    if state.dtype == np.uint64 and state.shape == (6,):
+        return _legacy_pcg64(state)
     text = bytes(np.asarray(state, dtype=np.uint8)).decode("ascii")
     name = json.loads(text)["bit_generator"]
     if name not in _BIT_GENERATORS:
@@ -35,3 +39,13 @@ def generator_from_array(state: np.ndarray) -> np.random.Generator:
     rng = np.random.Generator(getattr(np.random, name)())
     generator_state_from_array(rng, state)
     return rng
+
+
+def _legacy_pcg64(words: np.ndarray) -> np.random.Generator:
+    """PCG64 from [state hi, state lo, inc hi, inc lo, has_uint32, uinteger]."""
+    v = [int(x) for x in words]
+    bit_generator = np.random.PCG64()
+    bit_generator.state = {"bit_generator": "PCG64",
+                           "state": {"state": (v[0] << 64) | v[1], "inc": (v[2] << 64) | v[3]},
+                           "has_uint32": v[4], "uinteger": v[5]}
+    return np.random.Generator(bit_generator)

@@ -23,7 +23,8 @@ from hpcrl.runtime.topology import Role
 def make_optimizer(cfg: Config, store: ParameterStore) -> ShardOptimizer:
     """The update rule of this ps rank's shard."""
     return ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
-                          decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum)
+                          decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum,
+                          bias_correction=cfg.rmsprop_bias_correction)
 
 
 def assert_no_torch(role: str) -> None:

@@ -132,7 +132,8 @@ class ActorLearnerWorker(WorkerBase):
         self.env.set_state(sub_state(state, "env"))
         self.obs = np.array(state["obs"])
         self.policy.set_state(sub_state(state, "policy"))
-        self.learner.stats.set_state(sub_state(state, "learner"))
+        # Checkpoints written before the counters moved under "learner/" hold them at the top.
+        self.learner.stats.set_state(sub_state(state, "learner") or state)
         set_torch_rng_state(state["torch_rng"])
         self.a_next = np.array(state["a_next"]) if "a_next" in state else None
         self.rollouts = int(state["rollouts"])

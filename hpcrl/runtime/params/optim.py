@@ -11,6 +11,12 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
 * ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
 
+``bias_correction`` (shared RMSProp only): divide v by 1 - a^t after t steps, as Adam corrects
+its second moment (Kingma & Ba 2015). v starts at 0, so without it the first steps are up to
+1 / sqrt(1 - a) = 10 times the learning rate per weight (a = 0.99) wherever eps is small; with
+it every step is at most about lr. Applied as lr sqrt(c) g / sqrt(v + eps c), c = 1 - a^t,
+which is the same rule and lets the fused kernel run unchanged.
+
 Client c's state lives on the ps next to the shard, so "per client" statistics cost
 ``n_clients * shard`` floats per ps rank and "shared" ones cost ``shard``: sharing the statistics
 is the same array object for every client by construction.
@@ -39,10 +45,13 @@ class ShardOptimizer:
     """Optimiser state and update rule for one shard of ``size`` floats."""
 
     def __init__(self, kind: str, size: int, n_clients: int, *, decay: float = 0.99,
-                 eps: float = 0.1, momentum: float = 0.9):
+                 eps: float = 0.1, momentum: float = 0.9, bias_correction: bool = False):
         if kind not in KINDS:
             raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
+        if bias_correction and kind != "rmsprop_shared":
+            raise ValueError(f"bias_correction applies to rmsprop_shared only, not {kind!r}")
         self.kind, self.decay, self.eps, self.momentum = kind, decay, eps, momentum
+        self.bias_correction = bias_correction
         self._tmp = np.empty(size, np.float32)
         self.fused = fused_available()
         self.state: dict[str, np.ndarray] = {}
@@ -52,6 +61,8 @@ class ShardOptimizer:
             self.state["G"] = np.zeros(size, np.float32)
         elif kind == "rmsprop_shared":
             self.state["v"] = np.zeros(size, np.float32)
+            if bias_correction:
+                self.state["t"] = np.zeros((), np.int64)      # steps taken by this shard
         elif kind == "rmsprop_per_client":
             self.state["v"] = np.zeros((n_clients, size), np.float32)
 
@@ -67,6 +78,12 @@ class ShardOptimizer:
              client: int) -> None:
         """theta_out = update(theta_in, grad); all arrays float32 of the shard's size."""
         tmp = self._tmp
+        eps = self.eps
+        if self.bias_correction:
+            t = self.state["t"]
+            t += 1
+            c = 1.0 - self.decay ** int(t)
+            lr, eps = lr * c ** 0.5, eps * c
         if self.kind == "sgd":
             np.multiply(grad, np.float32(lr), out=tmp)
         elif self.kind == "momentum":
@@ -77,7 +94,7 @@ class ShardOptimizer:
             np.multiply(m, np.float32(lr), out=tmp)
         elif self.fused:
             _kernels.scaled_step(theta_in, grad, self.statistics_for(client), theta_out,
-                                 self.decay, self.eps, lr, self.kind == "adagrad")
+                                 self.decay, eps, lr, self.kind == "adagrad")
             return
         else:
             acc = self.statistics_for(client)
@@ -90,7 +107,7 @@ class ShardOptimizer:
                 acc += tmp
             # statistics below FLT_MIN are stored as 0, as in the C kernel (see _kernels.c)
             np.putmask(acc, acc < np.finfo(np.float32).tiny, np.float32(0.0))
-            np.add(acc, np.float32(self.eps), out=tmp)
+            np.add(acc, np.float32(eps), out=tmp)
             np.sqrt(tmp, out=tmp)
             np.divide(grad, tmp, out=tmp)
             tmp *= np.float32(lr)
