@@ -32,8 +32,10 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
-       choices: tuple | None = None) -> Any:
-    return field(default=default, metadata={"doc": doc, "lo": lo, "hi": hi, "choices": choices})
+       gt: float | None = None, choices: tuple | None = None) -> Any:
+    """A field with its doc and its allowed values: ``lo <= value <= hi``, ``value > gt``."""
+    return field(default=default, metadata={"doc": doc, "lo": lo, "hi": hi, "gt": gt,
+                                            "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class Config:
     lr_anneal_frames: int = _f(0, "with lr_anneal: global frames over which the learning rate "
                                "reaches 0; 0 = total_frames", lo=0)
     rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
-    optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots", lo=0.0)
+    optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots (0 would divide "
+                          "by 0 wherever a parameter had no gradient yet)", gt=0.0)
     rmsprop_bias_correction: bool = _f(False, "rmsprop_shared: divide the statistic by "
                                        "1 - decay^t (Adam's correction), so that the first "
                                        "steps are not up to 10x the learning rate")
@@ -181,6 +184,8 @@ def _check_value(origin: str, key: str, value: Any) -> Any:
     if meta["choices"] and value not in meta["choices"]:
         raise ConfigError(f"{origin}: key '{key}' must be one of {', '.join(meta['choices'])}, "
                           f"got {value!r}")
+    if meta["gt"] is not None and value <= meta["gt"]:
+        raise ConfigError(f"{origin}: key '{key}' must be > {meta['gt']}, got {value!r}")
     if meta["lo"] is not None and value < meta["lo"]:
         raise ConfigError(f"{origin}: key '{key}' must be >= {meta['lo']}, got {value!r}")
     if meta["hi"] is not None and value > meta["hi"]:

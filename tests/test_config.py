@@ -102,3 +102,10 @@ def test_rmsprop_bias_correction_applies_to_shared_rmsprop_only():
     with pytest.raises(ConfigError, match=r"^config: key 'rmsprop_bias_correction' applies to "
                                           r"optimizer 'rmsprop_shared' only \(got 'adagrad'\)"):
         load_config(None, ["rmsprop_bias_correction=true"])
+
+
+def test_optim_eps_must_be_positive():
+    """0 inside AdaGrad's or RMSProp's square root divides by 0 where a statistic is 0."""
+    with pytest.raises(ConfigError, match=r"^--set optim_eps: key 'optim_eps' must be > 0.0, got 0.0"):
+        load_config(None, ["optim_eps=0"])
+    assert load_config(None, ["optim_eps=1e-8"]).optim_eps == 1e-8

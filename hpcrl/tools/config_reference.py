@@ -51,6 +51,8 @@ def _allowed(f: dataclasses.Field) -> str:
     if meta["choices"]:
         return " \\| ".join(f"`{c}`" for c in meta["choices"])
     lo, hi = meta["lo"], meta["hi"]
+    if meta.get("gt") is not None:
+        return f"> {meta['gt']:g}"
     if lo is not None and hi is not None:
         return f"{lo:g} to {hi:g}"
     if lo is not None:
