@@ -17,7 +17,7 @@ import socket
 import sys
 import traceback
 
-from hpcrl.runtime.exits import EXIT_CONFIG, EXIT_FAILURE, EXIT_REQUEUE  # noqa: F401 (the statuses)
+from hpcrl.runtime.exits import EXIT_CONFIG, EXIT_FAILURE
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -135,17 +135,20 @@ def test_lstm_state_reset_at_episode_ends_through_rollout_code():
     env.close()
 
 
+class AlwaysLeft:
+    """A policy that pushes every CartPole cart left: episodes end within about 10 steps."""
+
+    state = None
+
+    def act(self, obs):
+        return np.zeros(len(obs), np.int64)
+
+    def episode_end(self, end):
+        pass
+
+
 def test_collect_rollout_keeps_pre_reset_state_at_episode_ends():
     env = make_env("CartPole-v1", 1, seed=0, training=True)
-
-    class AlwaysLeft:
-        state = None
-
-        def act(self, obs):
-            return np.zeros(len(obs), np.int64)
-
-        def episode_end(self, end):
-            pass
 
     obs = env.reset()
     rollout, _ = collect_rollout(env, obs, AlwaysLeft(), 30, None)
@@ -319,15 +322,6 @@ def test_batched_rollout_ends_an_episode_in_one_env_only():
     ended env's next observation is a reset, and each env's targets are those of its own
     column alone (returns restart in the ended env only)."""
     env = make_env("CartPole-v1", 2, seed=4, training=True)
-
-    class AlwaysLeft:
-        state = None
-
-        def act(self, obs):
-            return np.zeros(len(obs), np.int64)
-
-        def episode_end(self, end):
-            pass
 
     rollout, _ = collect_rollout(env, env.reset(), AlwaysLeft(), 30, None)
     env.close()

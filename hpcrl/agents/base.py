@@ -35,7 +35,7 @@ class TargetNetwork:
 
     def __init__(self, store: ParamSource, net: torch.nn.Module):
         self.store, self.net = store, net
-        self.layout, self.theta = bind_parameters(net)
+        _, self.theta = bind_parameters(net)
         self.version = -1
 
     def refresh(self) -> None:

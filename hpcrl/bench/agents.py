@@ -62,20 +62,25 @@ def _self_store(n_params: int, theta: np.ndarray):
     return store
 
 
-def _setup(game: str):
+def _build(config: str | None, overrides: list[str], n_env: int = 1):
+    """(cfg, env, net) of a config (None: the embedded Gorila default), one torch thread."""
     import torch
 
     from hpcrl.config import load_config
     from hpcrl.envs import make_env_from_config
     from hpcrl.rl.networks import build_network
-    from hpcrl.runtime.params.layout import ParamLayout
 
     torch.set_num_threads(1)
-    cfg = load_config(None, [f"game={game}"])
-    env = make_env_from_config(cfg, 1, 0, training=True)
-    net = build_network(cfg, env.obs_shape, env.num_actions)
-    layout = ParamLayout.from_module(net)
-    return cfg, env, net, layout
+    cfg = load_config(config, overrides)
+    env = make_env_from_config(cfg, n_env, 0, training=True)
+    return cfg, env, build_network(cfg, env.obs_shape, env.num_actions)
+
+
+def _setup(game: str):
+    from hpcrl.runtime.params.layout import ParamLayout
+
+    cfg, env, net = _build(None, [f"game={game}"])
+    return cfg, env, net, ParamLayout.from_module(net)
 
 
 class _NullLink:
@@ -264,6 +269,29 @@ def _ps_window(path, seconds: float) -> dict:
             "cpu_ms_per_gradient": 1e3 * cpu / max(applied, 1)}
 
 
+def _a3c_pong(n_env: int):
+    """(env, net, obs) of ``configs/a3c_pong.toml`` with ``n_env`` environments."""
+    _, env, net = _build("configs/a3c_pong.toml", [], n_env)
+    return env, net, env.reset()
+
+
+def _rollout_gradient(net, obs: np.ndarray, t_max: int):
+    """A call that computes the A3C loss's gradient of a t_max x len(obs) rollout."""
+    import torch
+
+    from hpcrl.rl.losses import a3c_loss
+
+    batch = torch.from_numpy(np.repeat(obs, t_max, axis=0))
+    zeros = torch.zeros(len(batch))
+
+    def backward():
+        logits, values, _ = net(batch)
+        loss = a3c_loss(logits, values, zeros.long(), zeros)["total"]
+        net.zero_grad()
+        loss.backward()
+    return backward
+
+
 def _a3c_bound(steps: int, t_max: int = 5) -> dict:
     """Agent steps/s bounds of an A3C actor-learner: 1 / (env step + batch-1 forward + backward
     of a t_max rollout / t_max). ``bound`` times env step and forward in one loop, as acting
@@ -271,17 +299,8 @@ def _a3c_bound(steps: int, t_max: int = 5) -> dict:
     them in separate loops (warm caches, optimistic), as ``bench actor`` reports both."""
     import torch
 
-    from hpcrl.config import load_config
-    from hpcrl.envs import make_env_from_config
-    from hpcrl.rl.losses import a3c_loss
-    from hpcrl.rl.networks import build_network
-
-    torch.set_num_threads(1)
-    cfg = load_config("configs/a3c_pong.toml")
-    env = make_env_from_config(cfg, 1, 0, training=True)
-    net = build_network(cfg, env.obs_shape, env.num_actions)
+    env, net, obs = _a3c_pong(1)
     rng = np.random.default_rng(0)
-    obs = env.reset()
 
     def env_step():
         env.step(rng.integers(env.num_actions, size=1))
@@ -294,15 +313,7 @@ def _a3c_bound(steps: int, t_max: int = 5) -> dict:
         env_step()
         forward()
 
-    batch = torch.from_numpy(np.repeat(obs, t_max, axis=0))
-    actions = torch.zeros(t_max, dtype=torch.int64)
-
-    def backward():
-        logits, values, _ = net(batch)
-        loss = a3c_loss(logits, values, actions, torch.zeros(t_max))["total"]
-        net.zero_grad()
-        loss.backward()
-
+    backward = _rollout_gradient(net, obs, t_max)
     t_env, t_fwd = 1 / _rate(env_step, steps), 1 / _rate(forward, steps)
     t_both = 1 / _rate(env_and_forward, steps)
     t_bwd = 1 / _rate(backward, max(steps // t_max, 10)) / t_max
@@ -317,12 +328,6 @@ def _raw_bounds(n_env: int, t_max: int = 5, reps: int = 200) -> dict:
     import ale_py
     import torch
 
-    from hpcrl.config import load_config
-    from hpcrl.envs import make_env_from_config
-    from hpcrl.rl.losses import a3c_loss
-    from hpcrl.rl.networks import build_network
-
-    torch.set_num_threads(1)
     ale = ale_py.ALEInterface()
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
     ale.loadROM(str(ale_py.roms.get_rom_path("pong")))
@@ -334,29 +339,20 @@ def _raw_bounds(n_env: int, t_max: int = 5, reps: int = 200) -> dict:
         if ale.game_over():
             ale.reset_game()
 
-    cfg = load_config("configs/a3c_pong.toml")
-    env = make_env_from_config(cfg, n_env, 0, training=True)
-    net = build_network(cfg, env.obs_shape, env.num_actions)
-    obs = env.reset()
-    one = torch.from_numpy(obs[:1])
-    many = torch.from_numpy(obs)
-    rollout = torch.from_numpy(np.repeat(obs, t_max, axis=0))
-    zeros = torch.zeros(t_max * n_env)
+    env, net, obs = _a3c_pong(n_env)
+    one, many = torch.from_numpy(obs[:1]), torch.from_numpy(obs)
 
     def forward(x):
         with torch.no_grad():
             net(x)
-
-    def backward():
-        logits, values, _ = net(rollout)
-        a3c_loss(logits, values, zeros.long(), zeros)["total"].backward()
 
     out = {"ale_frames_per_s": _rate(emulate, 20 * reps),
            "env_ms_per_agent_step": 1e3 / _rate(lambda: env.step(
                rng.integers(env.num_actions, size=n_env)), max(reps // n_env, 20)) / n_env,
            "forward_ms_batch_1": 1e3 / _rate(lambda: forward(one), reps),
            f"forward_ms_batch_{n_env}": 1e3 / _rate(lambda: forward(many), reps),
-           f"rollout_gradient_ms_{t_max}x{n_env}": 1e3 / _rate(backward, max(reps // 10, 10))}
+           f"rollout_gradient_ms_{t_max}x{n_env}":
+               1e3 / _rate(_rollout_gradient(net, obs, t_max), max(reps // 10, 10))}
     env.close()
     return out
 

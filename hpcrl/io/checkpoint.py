@@ -24,7 +24,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpcrl.io.files import fsync_dir
+from hpcrl.io.files import fsync_dir, replace_text
 
 MANIFEST = "MANIFEST.json"
 
@@ -88,14 +88,8 @@ def read_state(path: Path, cols: slice | None = None) -> dict[str, np.ndarray]:
 
 def write_manifest(root: Path, gen: int, files: list[dict], info: dict) -> None:
     """Rank 0, last: the generation becomes complete when this file appears."""
-    d = gen_dir(root, gen)
-    tmp = d / (MANIFEST + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump({"generation": gen, "files": files, **info}, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, d / MANIFEST)
-    fsync_dir(d)
+    replace_text(gen_dir(root, gen) / MANIFEST,
+                 json.dumps({"generation": gen, "files": files, **info}, indent=1))
 
 
 def read_manifest(root: Path, gen: int) -> dict:

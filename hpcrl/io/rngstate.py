@@ -20,10 +20,13 @@ def generator_state_to_array(rng: np.random.Generator) -> np.ndarray:
     return np.frombuffer(text.encode("ascii"), dtype=np.uint8).copy()
 
 
+def _decode(state: np.ndarray) -> dict:
+    return json.loads(bytes(np.asarray(state, dtype=np.uint8)).decode("ascii"))
+
+
 def generator_state_from_array(rng: np.random.Generator, state: np.ndarray) -> None:
     """Restore into ``rng`` (in place) a state written by `generator_state_to_array`."""
-    text = bytes(np.asarray(state, dtype=np.uint8)).decode("ascii")
-    rng.bit_generator.state = json.loads(text)
+    rng.bit_generator.state = _decode(state)
 
 
 def generator_from_array(state: np.ndarray) -> np.random.Generator:
@@ -32,12 +35,12 @@ def generator_from_array(state: np.ndarray) -> np.random.Generator:
     state = np.asarray(state)
     if state.dtype == np.uint64 and state.shape == (6,):
         return _legacy_pcg64(state)
-    text = bytes(np.asarray(state, dtype=np.uint8)).decode("ascii")
-    name = json.loads(text)["bit_generator"]
+    decoded = _decode(state)
+    name = decoded["bit_generator"]
     if name not in _BIT_GENERATORS:
         raise ValueError(f"unknown bit generator {name!r} in a saved random state")
     rng = np.random.Generator(getattr(np.random, name)())
-    generator_state_from_array(rng, state)
+    rng.bit_generator.state = decoded
     return rng
 
 

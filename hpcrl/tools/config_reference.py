@@ -51,7 +51,7 @@ def _allowed(f: dataclasses.Field) -> str:
     if meta["choices"]:
         return " \\| ".join(f"`{c}`" for c in meta["choices"])
     lo, hi = meta["lo"], meta["hi"]
-    if meta.get("gt") is not None:
+    if meta["gt"] is not None:
         return f"> {meta['gt']:g}"
     if lo is not None and hi is not None:
         return f"{lo:g} to {hi:g}"

@@ -49,7 +49,7 @@ class Actor:
         self.rng = np.random.default_rng(self.seed)
         self.env = env or make_env_from_config(cfg, cfg.envs_per_actor, self.seed, training=True)
         self.net = net or build_network(cfg, self.env.obs_shape, self.env.num_actions)
-        self.layout, self.theta = bind_parameters(self.net)   # a pull into theta updates net
+        _, self.theta = bind_parameters(self.net)     # a pull into theta updates the net
         self.epsilon = LinearSchedule(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_frames)
         self.image = len(self.env.obs_shape) == 3
         self.frames_per_step = self.env.frames_per_step * self.env.num_envs
