@@ -59,6 +59,29 @@ def test_adagrad_by_hand(path):
     assert out[0] == 0.5
 
 
+def test_adagrad_accumulator_keeps_growing_past_float32(path):
+    """G only grows: at G = 2^25 a float32 sum G + 1 rounds back to G (its spacing there is 4),
+    so the step would stop shrinking. The float64 accumulator still adds every g^2."""
+    opt = ShardOptimizer("adagrad", 2, 1, eps=0.0)
+    assert np.float32(2 ** 25) + np.float32(1) == np.float32(2 ** 25)
+    opt.state["G"][:] = 2.0 ** 25
+    out = np.empty(2, np.float32)
+    theta = np.zeros(2, np.float32)
+    for _ in range(3):
+        opt.step(theta, np.ones(2, np.float32), out, 1.0, 0)
+    np.testing.assert_array_equal(opt.state["G"], 2.0 ** 25 + 3)
+    # last step: 1 / sqrt(2^25 + 3), rounded once to float32
+    np.testing.assert_array_equal(out, np.float32(-1 / np.sqrt(2.0 ** 25 + 3)))
+
+
+def test_adagrad_restores_a_float32_accumulator():
+    """Checkpoints written with a float32 G restore into the float64 one."""
+    opt = ShardOptimizer("adagrad", 3, 1)
+    opt.set_state({"G": np.array([1.5, 2.0, 0.0], np.float32)})
+    assert opt.state["G"].dtype == np.float64
+    np.testing.assert_array_equal(opt.state["G"], [1.5, 2.0, 0.0])
+
+
 def test_shared_statistics_are_one_object():
     shared = ShardOptimizer("rmsprop_shared", 4, 3)
     assert shared.statistics_for(0) is shared.statistics_for(2)

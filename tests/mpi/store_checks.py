@@ -147,8 +147,18 @@ def check_staleness(n_ps: int) -> None:
             c = store.counters()
             assert c["dropped_nonfinite"] == 2 and c["applied"] == 3, c
             assert c["dropped_nonfinite_per_shard"] == [2] * n_ps, c
-            store.pull(theta)
+            versions = store.pull(theta)
             assert np.all(theta == -3.0), "a non-finite gradient must never be applied"
+            # each shard judges the version tag of its own part: only the last shard's is stale
+            tags = versions.copy()
+            tags[-1] -= 3
+            store.push(np.ones(n, np.float32), tags, 1.0)
+            store.wait_consumed()
+            c = store.counters()
+            assert c["dropped_stale_per_shard"] == [3] * (n_ps - 1) + [4], c
+            store.pull(theta)
+            last = store.spec.ranges[-1][0]
+            assert np.all(theta[:last] == -4.0) and np.all(theta[last:] == -3.0), theta
         store.done()
     finish(store, "staleness")
 

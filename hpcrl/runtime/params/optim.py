@@ -7,6 +7,8 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
 * ``momentum``:   m_c = a m_c + (1 - a) g;  theta -= lr * m_c, one m per client
                   (Mnih et al. 2016, S7: "SGD with momentum", each thread keeps its own m).
 * ``adagrad``:    G += g^2;  theta -= lr * g / sqrt(G + eps)  (Gorila, Nair et al. 2015 §4).
+                  G is float64: it only grows, and in float32 G + g^2 == G once G / g^2
+                  passes 2^24 (about 1.7e7 steps of similar size; Gorila's runs take more).
 * ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
 * ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
@@ -58,7 +60,8 @@ class ShardOptimizer:
         if kind == "momentum":
             self.state["m"] = np.zeros((n_clients, size), np.float32)
         elif kind == "adagrad":
-            self.state["G"] = np.zeros(size, np.float32)
+            self.state["G"] = np.zeros(size, np.float64)
+            self._tmp64 = np.empty(size, np.float64)
         elif kind == "rmsprop_shared":
             self.state["v"] = np.zeros(size, np.float32)
             if bias_correction:
@@ -92,6 +95,9 @@ class ShardOptimizer:
             np.multiply(grad, np.float32(1.0 - self.momentum), out=tmp)
             m += tmp
             np.multiply(m, np.float32(lr), out=tmp)
+        elif self.kind == "adagrad":
+            self._adagrad_step(theta_in, grad, theta_out, lr, eps)
+            return
         elif self.fused:
             _kernels.scaled_step(theta_in, grad, self.statistics_for(client), theta_out,
                                  self.decay, eps, lr, self.kind == "adagrad")
@@ -99,12 +105,9 @@ class ShardOptimizer:
         else:
             acc = self.statistics_for(client)
             np.multiply(grad, grad, out=tmp)
-            if self.kind == "adagrad":
-                acc += tmp
-            else:
-                acc *= np.float32(self.decay)
-                tmp *= np.float32(1.0 - self.decay)
-                acc += tmp
+            acc *= np.float32(self.decay)
+            tmp *= np.float32(1.0 - self.decay)
+            acc += tmp
             # statistics below FLT_MIN are stored as 0, as in the C kernel (see _kernels.c)
             np.putmask(acc, acc < np.finfo(np.float32).tiny, np.float32(0.0))
             np.add(acc, np.float32(eps), out=tmp)
@@ -112,6 +115,22 @@ class ShardOptimizer:
             np.divide(grad, tmp, out=tmp)
             tmp *= np.float32(lr)
         np.subtract(theta_in, tmp, out=theta_out)
+
+    def _adagrad_step(self, theta_in: np.ndarray, grad: np.ndarray, theta_out: np.ndarray,
+                      lr: float, eps: float) -> None:
+        """G += g^2 in float64; theta_out = theta_in - lr g / sqrt(G + eps) (float32 result)."""
+        G = self.state["G"]
+        if self.fused:
+            _kernels.adagrad_step(theta_in, grad, G, theta_out, eps, lr)
+            return
+        tmp = self._tmp64
+        np.multiply(grad, grad, out=tmp, dtype=np.float64)
+        G += tmp
+        np.add(G, eps, out=tmp)
+        np.sqrt(tmp, out=tmp)
+        np.divide(grad, tmp, out=tmp)
+        tmp *= lr
+        np.subtract(theta_in, tmp, out=theta_out, casting="unsafe")
 
     def get_state(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.state.items()}

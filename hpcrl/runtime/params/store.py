@@ -157,6 +157,9 @@ class ParameterStore:
         self._res = np.zeros(max(self.n_ps, 1), np.int64)
         self._res2 = np.zeros(max(self.n_ps, 1), np.int64)
         self._word = np.zeros(1, np.int64)
+        # one origin buffer per shard for push's version tags: MPI forbids changing an origin
+        # buffer before the operation completes, and they complete together at one Flush_all
+        self._tags = np.zeros(max(self.n_ps, 1), np.int64)
         self._lr_norm = np.zeros(2, np.float32)          # lr, squared norm
         self._plans: dict[tuple[int, ...], list] = {}
         self._freed = False
@@ -280,8 +283,9 @@ class ParameterStore:
                 self.win_slot.Put(self._lr_norm, target, (base + n, 2, MPI.FLOAT))
             self.win_slot.Flush_all()
             for j in free:
-                self._word[0] = int(versions[j]) + 1
-                self.win_hdr.Accumulate(self._word, self.spec.ps_ranks[j], flag, MPI.REPLACE)
+                self._tags[j] = int(versions[j]) + 1
+                self.win_hdr.Accumulate(self._tags[j:j + 1], self.spec.ps_ranks[j], flag,
+                                        MPI.REPLACE)
             self.win_hdr.Flush_all()
             pending = [j for j in pending if flags[j] != 0]
             if pending:
