@@ -143,7 +143,7 @@ def test_life_loss_terminal_only_in_training():
 
 def test_auto_reset_return_is_sum_of_raw_rewards():
     env = make_env("space_invaders", 3, 4, training=True, max_episode_frames=1200)
-    obs = env.reset()
+    env.reset()
     running = np.zeros(3)
     num_ended = 0
     for a in _random_actions(env, 4, 400):

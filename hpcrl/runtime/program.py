@@ -2,7 +2,7 @@
 
 Call order on every rank (collective steps marked *):
 
-    run dir prepared by rank 0, outcome broadcast *     -> one-line error on all ranks if unusable
+    run dir leased and prepared by rank 0, outcome broadcast * -> one-line error on all ranks
     network built on the first client, size broadcast *
     resume point chosen by rank 0, broadcast *; each rank reads its own state
     ParameterStore created *, initialised from the first client's parameters *
@@ -70,7 +70,7 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
     rank = comm.Get_rank()
     role = layout.roles[rank]
     mcomm, rcomm = comm.Dup(), comm.Dup()
-    run_dir = prepare_run_dir(comm, cfg, force_new)
+    run_dir, lease = prepare_run_dir(comm, cfg, force_new)
     if rank == 0:
         print(f"[hpcrl] {cfg.algo} on {cfg.game}: {layout.world_size} ranks "
               f"({', '.join(f'{n} {r}' for r, n in layout.counts().items())}), run dir {run_dir},"
@@ -117,4 +117,6 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
     store.free()
     for c in (mcomm, rcomm):
         c.Free()
+    if lease is not None:
+        lease.release()
     return EXIT_REQUEUE if coord.stop_code == STOP_SIGNAL else 0

@@ -1,4 +1,4 @@
-"""The run directory: who owns it, the config written into it, and what a resume reads.
+"""The run directory: which job holds it, which run owns it, the config written into it, and what a resume reads.
 
 Rank 0 decides every question here and broadcasts the answer, so a refusal is the same
 one-line :class:`~hpcrl.config.ConfigError` on every rank.
@@ -15,6 +15,7 @@ from mpi4py import MPI
 from hpcrl.config import Config, ConfigError, load_config, to_toml
 from hpcrl.io import checkpoint as ck
 from hpcrl.io.files import replace_text
+from hpcrl.runtime.lease import RunDirBusy, RunDirLease
 from hpcrl.runtime.reshard import layout_change_error, merge_pieces, shard_pieces, \
     worker_source_rank
 from hpcrl.runtime.topology import Layout, Role
@@ -40,33 +41,48 @@ def _owner_mismatch(run_dir: Path, cfg: Config) -> str | None:
     return None
 
 
-def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False) -> Path:
-    """Rank 0 checks, creates and claims the run directory; all ranks learn the outcome.
+def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False
+                    ) -> tuple[Path, RunDirLease | None]:
+    """Rank 0 checks, creates and leases the run directory; all ranks learn the outcome.
 
-    A directory that holds a different run (see IDENTITY_FIELDS) is refused unless
-    ``force_new``, which moves it aside to ``<dir>.old-<unix time>`` (never deletes it).
+    The lease (:mod:`hpcrl.runtime.lease`) comes first: a directory another live job holds is
+    refused before anything in it is read or moved. A directory that holds a different run
+    (see IDENTITY_FIELDS) is refused unless ``force_new``, which moves it aside to
+    ``<dir>.old-<unix time>`` (never deletes it).
+
+    Returns:
+        The run directory, and on rank 0 the lease it holds until the job ends (else None).
     """
     run_dir = cfg.resolved_run_dir()
-    error = None
+    error, lease = None, None
     if comm.Get_rank() == 0:
         try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lease = RunDirLease.acquire(run_dir, cfg.run_dir_lease_s)
             mismatch = _owner_mismatch(run_dir, cfg)
             if mismatch and not force_new:
                 error = (f"run directory {run_dir} belongs to another run: {mismatch}; choose "
                          "another --set run_dir=..., or pass --force-new to move it aside")
             else:
                 if mismatch:
+                    lease.release()
                     os.replace(run_dir, run_dir.with_name(f"{run_dir.name}.old-{int(time.time())}"))
-                run_dir.mkdir(parents=True, exist_ok=True)
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    lease = RunDirLease.acquire(run_dir, cfg.run_dir_lease_s)
                 probe = run_dir / ".hpcrl-write-probe"
                 probe.write_text("")
                 probe.unlink()
+        except RunDirBusy as exc:
+            error = str(exc)
         except OSError as exc:
             error = f"run directory {run_dir} is not usable: {exc.strerror or exc}"
+        if error and lease is not None:
+            lease.release()
+            lease = None
     error = comm.bcast(error, root=0)
     if error:
         raise ConfigError(error)
-    return run_dir
+    return run_dir, lease
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:
