@@ -30,6 +30,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=None, help="world size for --dry-run")
     p.add_argument("--force-new", action="store_true",
                    help="the run directory holds a different run: move it aside, start anew")
+    p.add_argument("--reset-metrics", action="store_true",
+                   help="the run directory's metrics.h5 is unreadable: move it aside and resume "
+                        "from the newest checkpoint with fresh metrics")
     return p.parse_args(argv)
 
 
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         from hpcrl.agents import make_worker
         from hpcrl.runtime.program import run
 
-        status = run(comm, cfg, layout, make_worker, force_new=args.force_new)
+        status = run(comm, cfg, layout, make_worker, force_new=args.force_new,
+                     reset_metrics=args.reset_metrics)
         _ignore_stop_signals()
         return status
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from hpcrl.io import checkpoint as ck
+from hpcrl.io.metrics import read_metrics
 from tests.util import run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -73,6 +74,26 @@ def test_run_dir_of_another_config_is_refused_then_moved_aside(finished_run, tmp
     assert proc.returncode == 0, proc.stderr[-2000:]
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
     assert len(moved) == 1 and snapshot(moved[0]) == before
+
+
+def test_unreadable_metrics_is_one_line_and_reset_metrics_continues(finished_run, tmp_path):
+    garbage = b"not an HDF5 file " * 64
+    (finished_run / "metrics.h5").write_bytes(garbage)
+    before = snapshot(finished_run)
+    proc, wall = run(tmp_path, "total_frames=4000", "checkpoint_keep=5")
+    assert proc.returncode == 2 and wall < 60
+    line = error_line(proc)
+    assert f"{finished_run}/metrics.h5 is unreadable (" in line
+    assert "pass --reset-metrics to move it aside and continue from checkpoint generation 2" in line
+    assert snapshot(finished_run) == before
+    proc, _ = run(tmp_path, "total_frames=4000", "checkpoint_keep=5", "--reset-metrics")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "continues from checkpoint generation 2 with fresh metrics" in proc.stdout
+    assert "resuming from checkpoint generation 2 at frame 3,0" in proc.stdout
+    aside = list(finished_run.glob("metrics.damaged-*.h5"))
+    assert len(aside) == 1 and aside[0].read_bytes() == garbage
+    episodes = read_metrics(finished_run / "metrics.h5")["episodes"]
+    assert len(episodes["frames"]) > 0 and episodes["frames"].min() > 3000   # after the checkpoint
 
 
 def test_truncated_newest_generation_falls_back(finished_run, tmp_path):

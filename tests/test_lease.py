@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.runtime.lease import LEASE_NAME, RunDirBusy, RunDirLease, describe, judge, read_lease
+from hpcrl.runtime.lease import LEASE_NAME, LOCK_NAME, RunDirBusy, RunDirLease, describe, judge, read_lease
 from tests.util import ROOT, mpiexec_path
 
 ME = dict(host="c001", pid=100, slurm_job="77", slurm_array=None, started=0.0, heartbeat=1000.0)
@@ -86,7 +86,7 @@ def test_lock_between_processes_and_sigkilled_holder(tmp_path):
     assert read_lease(tmp_path)["pid"] == os.getpid()
     assert "that process is gone" in notes[0]
     lease.release()
-    assert not (tmp_path / LEASE_NAME).exists()
+    assert not (tmp_path / LEASE_NAME).exists() and not (tmp_path / LOCK_NAME).exists()
 
 
 def test_heartbeat_is_rewritten(tmp_path):
@@ -174,7 +174,7 @@ def test_second_job_on_a_live_run_directory_is_refused(tmp_path):
     c = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert c.returncode == 0, c.stdout + c.stderr
     assert "that process is gone" in c.stdout and "resuming from checkpoint" in c.stdout
-    assert not (run_dir / LEASE_NAME).exists()
+    assert not (run_dir / LEASE_NAME).exists() and not (run_dir / LOCK_NAME).exists()
 
 
 def test_a_zombie_holds_nothing():

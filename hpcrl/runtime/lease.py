@@ -130,9 +130,8 @@ class RunDirLease:
     def acquire(cls, run_dir: Path, stale_s: float, warn=print) -> "RunDirLease":
         """Take the lease on the existing directory ``run_dir`` or raise :class:`RunDirBusy`
         naming the holder. A refusal writes nothing (the lock file is opened, never written)."""
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd, lock = _open_locked(run_dir / LOCK_NAME)
         try:
-            lock = _try_lock(fd)
             old = read_lease(run_dir)
             now = time.time()
             me = identity(now)
@@ -160,14 +159,44 @@ class RunDirLease:
                 pass
 
     def release(self) -> None:
-        """End of the job: stop the heartbeat, remove the lease file, drop the lock."""
+        """End of the job: stop the heartbeat, remove the lease and lock files (while still
+        holding the lock: a waiter that locked the unlinked file retries, see
+        :func:`_open_locked`), drop the lock. The directory is left as the job found it."""
         self._stop.set()
         self._thread.join()
-        try:
-            (self.run_dir / LEASE_NAME).unlink()
-        except OSError:
-            pass
+        for name in (LEASE_NAME, LOCK_NAME):
+            try:
+                (self.run_dir / name).unlink()
+            except OSError:
+                pass
         os.close(self._fd)
+
+
+def _open_locked(path: Path) -> tuple[int, str]:
+    """Open (creating) the lock file and try its lock: (fd, 'held' | 'busy' | 'unsupported').
+
+    A lock taken on a file that its holder unlinked meanwhile (:meth:`RunDirLease.release`)
+    guards nothing, so a held lock counts only if ``path`` still names the locked file."""
+    for _ in range(100):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            lock = _try_lock(fd)
+            if lock != "held" or _same_file(fd, path):
+                return fd, lock
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise OSError(errno.EAGAIN, f"{path} keeps being replaced")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _try_lock(fd: int) -> str:

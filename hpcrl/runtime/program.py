@@ -4,7 +4,7 @@ Call order on every rank (collective steps marked *):
 
     run dir leased and prepared by rank 0, outcome broadcast * -> one-line error on all ranks
     network built on the first client, size broadcast *
-    resume point chosen by rank 0, broadcast *; each rank reads its own state
+    resume point chosen by rank 0, its metrics.h5 checked, broadcast *; each rank reads its own state
     ParameterStore created *, initialised from the first client's parameters *
     role loop: ps -> run_ps (rank 0 also gathers metrics); replay -> run_replay;
                clients -> run_client(the worker that ``make_worker`` builds for the role)
@@ -17,6 +17,7 @@ is handed in by the command line. ps and replay ranks never import torch.
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Callable
 
 from mpi4py import MPI
@@ -31,7 +32,8 @@ from hpcrl.runtime.coord import STOP_SIGNAL, Coordinator
 from hpcrl.runtime.exits import EXIT_REQUEUE
 from hpcrl.runtime.params.store import ParameterStore, StoreSpec, load_shard_state
 from hpcrl.runtime.ps import make_optimizer, run_ps, run_replay
-from hpcrl.runtime.rundir import find_resume, load_rank_state, prepare_run_dir, write_config
+from hpcrl.runtime.rundir import check_metrics, find_resume, load_rank_state, prepare_run_dir, \
+    write_config
 from hpcrl.runtime.topology import Layout, Role
 
 WorkerFactory = Callable[[Context, Role], Worker]
@@ -65,12 +67,22 @@ def count_params(cfg: Config) -> int:
 
 
 def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
-        force_new: bool = False) -> int:
+        force_new: bool = False, reset_metrics: bool = False) -> int:
     """Build and run this rank's role; returns the exit status."""
+    run_dir, lease = prepare_run_dir(comm, cfg, force_new)
+    try:
+        return _run_in(comm, cfg, layout, make_worker, run_dir, reset_metrics)
+    finally:                  # a one-line refusal leaves the run directory as it was found
+        if lease is not None:
+            lease.release()
+
+
+def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
+            run_dir: Path, reset_metrics: bool) -> int:
+    """Everything after the run directory is leased (see :func:`run`)."""
     rank = comm.Get_rank()
     role = layout.roles[rank]
     mcomm, rcomm = comm.Dup(), comm.Dup()
-    run_dir, lease = prepare_run_dir(comm, cfg, force_new)
     if rank == 0:
         print(f"[hpcrl] {cfg.algo} on {cfg.game}: {layout.world_size} ranks "
               f"({', '.join(f'{n} {r}' for r, n in layout.counts().items())}), run dir {run_dir},"
@@ -80,6 +92,7 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
     theta0 = initial_parameters(cfg) if rank == first_client else None
     n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
     found = find_resume(comm, run_dir, layout, n_params)
+    check_metrics(comm, run_dir, found, reset_metrics)
     if rank == 0:
         write_config(run_dir, cfg)
     gen, manifest = found if found else (0, None)
@@ -117,6 +130,4 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
     store.free()
     for c in (mcomm, rcomm):
         c.Free()
-    if lease is not None:
-        lease.release()
     return EXIT_REQUEUE if coord.stop_code == STOP_SIGNAL else 0

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from hpcrl.config import Config, ConfigError, load_config, to_toml
 from hpcrl.io import checkpoint as ck
 from hpcrl.io.files import replace_text
+from hpcrl.io.metrics import MetricsError, read_metrics
 from hpcrl.runtime.lease import RunDirBusy, RunDirLease
 from hpcrl.runtime.reshard import layout_change_error, merge_pieces, shard_pieces, \
     worker_source_rank
@@ -114,6 +115,40 @@ def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
     if error:
         raise ConfigError(error)
     return found
+
+
+def check_metrics(comm: MPI.Comm, run_dir: Path, found, reset_metrics: bool = False) -> None:
+    """Before a resume, rank 0 reads ``metrics.h5``: an unreadable one is the same one-line
+    ConfigError on every rank, with the remedy; with ``reset_metrics`` it is moved aside to
+    ``metrics.damaged-<unix time>.h5`` and the run continues from its checkpoint with fresh
+    metrics (rows before the checkpoint are then only in the damaged file)."""
+    error = None
+    path = run_dir / "metrics.h5"
+    if comm.Get_rank() == 0 and found is not None and path.exists():
+        try:
+            read_metrics(path)
+        except MetricsError as exc:
+            gen = found[0]
+            if reset_metrics:
+                aside = run_dir / f"metrics.damaged-{int(time.time())}.h5"
+                os.replace(path, aside)
+                print(f"hpcrl: warning: {path} was unreadable ({_reason(exc)}); it is kept as "
+                      f"{aside.name}, and the run continues from checkpoint generation {gen} "
+                      "with fresh metrics", flush=True)
+            else:
+                error = (f"{path} is unreadable ({_reason(exc)}); pass --reset-metrics to move "
+                         f"it aside and continue from checkpoint generation {gen} with fresh "
+                         "metrics")
+    error = comm.bcast(error, root=0)
+    if error:
+        raise ConfigError(error)
+
+
+def _reason(exc: MetricsError) -> str:
+    """The error without the path it starts with (the message names the file once)."""
+    text = str(exc)
+    head, sep, tail = text.partition(": ")
+    return tail if sep and head.endswith(".h5") else text
 
 
 def load_rank_state(root: Path, gen: int, manifest: dict, layout: Layout, rank: int,
