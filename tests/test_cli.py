@@ -1,13 +1,16 @@
 """The entry points as users run them: bad input fails fast on every rank; dry-run; bench ps."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from tests.util import ROOT, run_mpi
+from tests.util import ROOT, mpiexec_path, rank_pid, run_mpi, signal_tree
 
 
 def test_dry_run_130_paper_layout():
@@ -97,6 +100,70 @@ def test_watchdog_reports_a_hung_rank_and_ends_the_job(hang_rank, role, tmp_path
     assert f"rank {hang_rank} ({role})" in first and "made no progress" in first
     assert "time.sleep(1e9)" in proc.stderr            # where it is stuck
     assert wall < 4 + 30
+
+
+@pytest.mark.mpi
+def test_a_frozen_rank_during_a_checkpoint_is_named(tmp_path):
+    """Rank 2 (an actor-learner) is stopped, then rank 0 is asked for a checkpoint (SIGUSR2):
+    rank 0 names rank 2, not the ranks that wait for it, and the job ends within watchdog_s."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcrl.run", "--config",
+           "configs/a3c_cartpole.toml", "--set", f"run_dir={tmp_path}/r", "--set",
+           "total_frames=100000000", "--set", "watchdog_s=10", "--set", "log_every_s=0.5"]
+    with open(tmp_path / "out.log", "w") as out, open(tmp_path / "err.log", "w") as err:
+        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while "frames/s" not in (tmp_path / "out.log").read_text():
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.2)
+        os.kill(rank_pid(job.pid, 2), signal.SIGSTOP)
+        t0 = time.monotonic()
+        os.kill(rank_pid(job.pid, 0), signal.SIGUSR2)        # a checkpoint, on demand
+        job.wait(timeout=60)
+        wall = time.monotonic() - t0
+    finally:
+        signal_tree(job.pid, signal.SIGKILL)
+        job.wait()
+    stderr = (tmp_path / "err.log").read_text()
+    assert job.returncode != 0
+    first = [line for line in stderr.splitlines() if line.startswith("hpcrl:")][0]
+    assert "checkpoint generation 1: waited 8 s for ranks that did not arrive: rank 2 " \
+        "(actor-learner) on host" in first, stderr
+    assert "rank 1" not in first
+    assert wall < 10 + 5
+
+
+@pytest.mark.mpi
+def test_checkpoint_on_demand_through_a_request_file(tmp_path):
+    """`touch <run_dir>/checkpoint.request` writes a generation within seconds; the run goes on."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run_dir = tmp_path / "r"
+    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcrl.run", "--config",
+           "configs/a3c_cartpole.toml", "--set", f"run_dir={run_dir}", "--set",
+           "total_frames=100000000", "--set", "log_every_s=0.5"]
+    with open(tmp_path / "out.log", "w") as out:
+        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "frames/s" not in (tmp_path / "out.log").read_text():
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.2)
+        assert not list(run_dir.glob("checkpoints/gen-*"))
+        (run_dir / "checkpoint.request").touch()
+        deadline = time.monotonic() + 15
+        while not (run_dir / "checkpoints" / "gen-000001" / "MANIFEST.json").exists():
+            assert job.poll() is None and time.monotonic() < deadline, "no generation written"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert job.poll() is None                                  # the run goes on
+        assert not (run_dir / "checkpoint.request").exists()
+    finally:
+        signal_tree(job.pid, signal.SIGKILL)
+        job.wait()
+    assert "checkpoint requested through checkpoint.request" in (tmp_path / "out.log").read_text()
 
 
 @pytest.mark.parametrize("what, args, keys", [

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.runtime.lease import LEASE_NAME, LOCK_NAME, RunDirBusy, RunDirLease, describe, judge, read_lease
-from tests.util import ROOT, mpiexec_path
+from tests.util import ROOT, mpiexec_path, signal_tree
 
 ME = dict(host="c001", pid=100, slurm_job="77", slurm_array=None, started=0.0, heartbeat=1000.0)
 
@@ -97,31 +97,6 @@ def test_heartbeat_is_rewritten(tmp_path):
     lease.release()
 
 
-def _tree(pid):
-    """pid and all its descendants (hydra's proxy puts the ranks in their own process group)."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def _signal_tree(pid, sig):
-    for p in _tree(pid):
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
 def _digest(root):
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -150,7 +125,7 @@ def test_second_job_on_a_live_run_directory_is_refused(tmp_path):
             assert a.poll() is None and time.monotonic() < deadline, "job A did not checkpoint"
             time.sleep(0.2)
         time.sleep(1.0)
-        _signal_tree(a.pid, signal.SIGSTOP)
+        signal_tree(a.pid, signal.SIGSTOP)
         time.sleep(0.5)
         before = _digest(run_dir)
         t0 = time.monotonic()
@@ -163,11 +138,11 @@ def test_second_job_on_a_live_run_directory_is_refused(tmp_path):
         assert "heartbeat" in lines[0] and str(run_dir) in lines[0]
         assert _digest(run_dir) == before
         holder_pid = read_lease(run_dir)["pid"]
-        _signal_tree(a.pid, signal.SIGKILL)
+        signal_tree(a.pid, signal.SIGKILL)
         a.wait(timeout=30)
     finally:
         if a.poll() is None:
-            _signal_tree(a.pid, signal.SIGKILL)
+            signal_tree(a.pid, signal.SIGKILL)
             a.wait()
     assert read_lease(run_dir)["pid"] == holder_pid               # left behind by the kill
     cmd, env = _job(run_dir, "--set", "total_frames=1000")

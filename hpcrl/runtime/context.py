@@ -63,6 +63,7 @@ class Context:
     state: dict | None         # this rank's state from the checkpoint being resumed
     resume_frames: int | None  # global frames of that checkpoint
     opt: object = None         # ps ranks: the shard optimiser
+    hosts: list | None = None  # rank 0: every rank's host name, by rank
     link: ClientLink = field(init=False)
 
     def __post_init__(self) -> None:

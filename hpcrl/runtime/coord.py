@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class Coordinator:
     """One rank's part in coordinated checkpoints (see the module docstring)."""
 
     def __init__(self, comm: MPI.Comm, store: ParameterStore, root: Path, *, gen_done: int,
-                 every_s: float, keep: int, info: dict):
+                 every_s: float, keep: int, info: dict, stall_s: float = 0.0):
         self.comm, self.store, self.root = comm, store, Path(root)
         self.rank = comm.Get_rank()
         self.gen_done, self.every_s, self.keep, self.info = gen_done, every_s, keep, info
@@ -68,6 +69,10 @@ class Coordinator:
         self._signal_sent = False
         self.stop_code = 0
         self._extra_requested = False
+        #: rank 0: seconds the ps waits for clients at a checkpoint before it names those that
+        #: did not arrive and aborts the job (0 = never), and the callable that names them
+        self.stall_s, self.not_arrived = stall_s, None
+        self._wait_t0: float | None = None
         self._req, self._stop = store.word(Word.CKPT_REQ), store.word(Word.CKPT_STOP)
         self._ready, self._frames = store.word(Word.CKPT_READY), store.word(Word.FRAMES)
         for sig in (signal.SIGUSR1, signal.SIGTERM):
@@ -111,8 +116,31 @@ class Coordinator:
         self._ready.add(1)
 
     def all_clients_ready(self) -> bool:
+        """Step 2's poll on a ps rank. On rank 0, a wait longer than ``stall_s`` (a frozen or
+        dead client: a stopped process, a node stuck on a file system) ends the job with the
+        ranks that did not arrive named. The ranks that did arrive wait in step 3's gather,
+        where their own watchdogs would blame themselves after ``watchdog_s``; ``stall_s`` is
+        set below that, so this report comes first."""
         watchdog.beat()
-        return self._ready.read() >= self.store.spec.n_clients
+        if self._ready.read() >= self.store.spec.n_clients:
+            self._wait_t0 = None
+            return True
+        if self.not_arrived is not None and self.stall_s > 0:
+            now = time.monotonic()
+            if self._wait_t0 is None:
+                self._wait_t0 = now
+            elif now - self._wait_t0 > self.stall_s:
+                self._abort_stalled(now - self._wait_t0)
+        return False
+
+    def _abort_stalled(self, waited_s: float) -> None:
+        sys.stderr.write(f"hpcrl: checkpoint generation {self.gen_done + 1}: waited "
+                         f"{waited_s:.0f} s for ranks that did not arrive: {self.not_arrived()}"
+                         f"; aborting the job (a frozen or dead rank; generation "
+                         f"{self.gen_done} is kept)\n")
+        sys.stderr.flush()
+        time.sleep(1.0)             # let the launcher forward the report before Abort kills us
+        self.comm.Abort(1)
 
     def write(self, state_fn) -> int:
         """Step 3, collective over every rank: write, gather, manifest. Returns the stop code

@@ -38,6 +38,10 @@ from hpcrl.runtime.topology import Layout, Role
 
 WorkerFactory = Callable[[Context, Role], Worker]
 
+#: Rank 0 names the clients missing at a checkpoint after this share of ``watchdog_s``: before
+#: the arrived ranks' own watchdogs fire in the gather they wait in.
+STALL_SHARE = 0.8
+
 
 def validate(cfg: Config) -> None:
     """Checks that need no MPI and no torch (so they fail fast on every rank)."""
@@ -116,9 +120,10 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
                 hpcrl_version=__version__)
     coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,
                         every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
-                        info=info)
+                        info=info, stall_s=STALL_SHARE * cfg.watchdog_s)
+    hosts = comm.gather(socket.gethostname(), root=0)
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
-                  manifest["frames"] if manifest else None, opt)
+                  manifest["frames"] if manifest else None, opt, hosts)
     watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))
     hooks.after_startup(rank)
     if role == Role.PS:

@@ -7,6 +7,8 @@ afford it), and both check that nothing did.
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
 from hpcrl.config import Config
 from hpcrl.runtime import hooks
@@ -18,6 +20,10 @@ from hpcrl.runtime.params.store import ParameterStore, ShardServer
 from hpcrl.runtime.profiling import ps_cpu_clock
 from hpcrl.runtime.reporter import Reporter, early_stop_reason
 from hpcrl.runtime.topology import Role
+
+#: A file of this name in the run directory asks for a checkpoint now (rank 0 polls for it).
+CHECKPOINT_REQUEST = "checkpoint.request"
+REQUEST_POLL_S = 1.0
 
 
 def make_optimizer(cfg: Config, store: ParameterStore) -> ShardOptimizer:
@@ -44,8 +50,10 @@ def run_ps(ctx: Context) -> None:
     target_every = cfg.target_update_every if cfg.algo == "gorila" else 0
     server = ShardServer(ctx.store, ctx.opt, max_staleness=cfg.max_staleness,
                          target_update_every=target_every)
-    reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames)
-                if ctx.rank == 0 else None)
+    reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames,
+                         ctx.hosts) if ctx.rank == 0 else None)
+    if reporter:
+        ctx.coord.not_arrived = reporter.not_arrived
     on_tick = _rank0_tick(ctx, reporter) if reporter else None
     times = hooks.phase_times_dir()
     if times is not None:
@@ -63,10 +71,15 @@ def _rank0_tick(ctx: Context, reporter: Reporter):
     were judged before the resume."""
     stopped = False
     frames = ctx.store.word(Word.FRAMES)
+    request = ctx.run_dir / CHECKPOINT_REQUEST
+    next_look = 0.0
 
     def tick() -> None:
-        nonlocal stopped
+        nonlocal stopped, next_look
         reporter.tick()
+        if time.monotonic() >= next_look:
+            next_look = time.monotonic() + REQUEST_POLL_S
+            _take_checkpoint_request(ctx, request)
         if not ctx.cfg.early_stop or stopped:
             return
         reason = early_stop_reason(reporter.returns, reporter.eval_returns,
@@ -77,6 +90,22 @@ def _rank0_tick(ctx: Context, reporter: Reporter):
                   flush=True)
             ctx.coord.request(STOP_BUDGET)
     return tick
+
+
+def _take_checkpoint_request(ctx: Context, request: Path) -> None:
+    """A file ``checkpoint.request`` in the run directory asks for a checkpoint generation now
+    (the run goes on): it reaches the job from any shell on any node, whatever the launcher
+    (hydra's mpiexec does not forward SIGUSR2 to the ranks). Rank 0 removes it and asks."""
+    try:
+        request.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        print(f"hpcrl: warning: cannot remove {request} ({exc.strerror or exc}); "
+              "checkpoint requests through it are ignored", flush=True)
+        return
+    print(f"[hpcrl] checkpoint requested through {request.name}", flush=True)
+    ctx.coord.request()
 
 
 def run_replay(ctx: Context) -> None:

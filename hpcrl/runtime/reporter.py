@@ -38,7 +38,8 @@ class Reporter:
     plus a progress line every ``log_every_s`` seconds."""
 
     def __init__(self, mcomm: MPI.Comm, store: ParameterStore, cfg: Config, layout: Layout,
-                 run_dir: Path, resume_frames: int | None = None):
+                 run_dir: Path, resume_frames: int | None = None,
+                 hosts: list[str] | None = None):
         self.mcomm, self.store, self.cfg = mcomm, store, cfg
         self.clients = layout.client_ranks
         attrs = dict(algo=cfg.algo, game=cfg.game, seed=cfg.seed, config=to_toml(cfg),
@@ -66,12 +67,16 @@ class Reporter:
             self.episodes = self.writer.rows("episodes")
         self.buf = np.zeros(ROW_FLOATS)
         self.tty = sys.stdout.isatty()
+        self.roles, self.hosts = layout.role_names(), hosts
+        self.marked: set[int] = set()          # clients whose checkpoint marker arrived
+        self.heard = {r: time.monotonic() for r in self.clients}   # last message of each
 
     def drain(self) -> None:
         status = MPI.Status()
         while self.mcomm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
             src, tag = status.Get_source(), status.Get_tag()
             self.mcomm.Recv(self.buf, src, tag)
+            self.heard[src] = time.monotonic()
             if tag == TAG_EPISODE:
                 row = dict(zip(EPISODE_FIELDS, self.buf))
                 group = "eval" if row["kind"] == 1 else "episodes"
@@ -85,6 +90,7 @@ class Reporter:
                 self.stats[src] = self.buf[:len(STATS_FIELDS)].copy()
             elif tag == TAG_CKPT:
                 self.markers += 1
+                self.marked.add(src)
 
     def tick(self) -> None:
         self.drain()
@@ -130,7 +136,18 @@ class Reporter:
             self.drain()
             time.sleep(1e-4)
         self.markers = 0
+        self.marked.clear()
         self.writer.flush()
+
+    def not_arrived(self) -> str:
+        """The clients whose checkpoint marker has not come (a coordinated checkpoint waits for
+        them): rank, role, host and when rank 0 last heard from each."""
+        self.drain()
+        now = time.monotonic()
+        host = (lambda r: self.hosts[r]) if self.hosts else (lambda r: "?")
+        return "; ".join(f"rank {r} ({self.roles[r]}) on host {host(r)}, last heard from "
+                         f"{now - self.heard[r]:.0f} s ago"
+                         for r in self.clients if r not in self.marked)
 
     def finish(self, status: str = "finished") -> None:
         self.drain()
