@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.util import ROOT, mpiexec_path, rank_pid, run_mpi, signal_tree
+from tests.util import ROOT, job_reported, mpiexec_path, rank_pid, run_mpi, signal_tree
 
 
 def test_dry_run_130_paper_layout():
@@ -115,7 +115,7 @@ def test_a_frozen_rank_during_a_checkpoint_is_named(tmp_path):
         job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + 60
-        while "frames/s" not in (tmp_path / "out.log").read_text():
+        while not job_reported(tmp_path / "r"):
             assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
             time.sleep(0.2)
         os.kill(rank_pid(job.pid, 2), signal.SIGSTOP)
@@ -148,7 +148,7 @@ def test_checkpoint_on_demand_through_a_request_file(tmp_path):
         job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
-        while "frames/s" not in (tmp_path / "out.log").read_text():
+        while not job_reported(run_dir):
             assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
             time.sleep(0.2)
         assert not list(run_dir.glob("checkpoints/gen-*"))

@@ -1,7 +1,7 @@
 """Checkpoint, stop and resume under real mpiexec (Gorila bundled and A3C on CartPole).
 
-1. run with a large budget, send SIGTERM to mpiexec once some frames are done: every rank
-   checkpoints, the job exits 85 (requeue me);
+1. run with a large budget, send SIGTERM (SIGUSR1 under Open MPI) to mpiexec once some frames
+   are done: every rank checkpoints, the job exits 85 (requeue me);
 2. resume with a checkpoint forced at start: that generation must equal the one written at the
    signal, dataset by dataset (parameters, optimiser state, counters, replay, exploration, RNGs);
 3. run on to twice the frames: metrics.h5 has no duplicate and no missing episode: per env, the
@@ -10,7 +10,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from hpcrl.io import checkpoint as ck
 from hpcrl.io.metrics import read_metrics
-from tests.util import ROOT, mpiexec_path
+from tests.util import ROOT, mpiexec_path, stop_signal
 
 pytestmark = pytest.mark.mpi
 
@@ -60,7 +59,7 @@ def test_sigterm_checkpoint_resume_exact(config, extra, tmp_path):
     while frames_in_metrics(run_dir / "metrics.h5") < 1500 and time.time() < deadline:
         time.sleep(0.2)
     t_signal = time.time()
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop_signal())
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 85, out[-3000:]
     assert time.time() - t_signal < 30

@@ -24,3 +24,12 @@ def test_no_torn_reads_while_ps_updates(world, n_ps):
     assert "OK no_torn_reads" in proc.stdout
     reads = int(proc.stdout.split("consistent reads: ")[1].split()[0])
     assert reads > 10, "the readers must have overlapped the writer"
+
+
+@pytest.mark.parametrize("check", ["exact_sums", "staleness", "target"])
+def test_store_in_the_separate_memory_model(check):
+    """The ps's path for windows that are not unified (MPI atomics on its own header words
+    instead of loads and stores), forced: every MPI here gives unified windows."""
+    proc, _ = run_mpi(8, [SCRIPT, check, "3"], timeout=120, env={"HPCRL_SEPARATE_MODEL": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"OK {check}" in proc.stdout

@@ -12,6 +12,45 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: The environment variable that holds a rank's number, by launcher (hydra, PMIx/Open MPI).
+RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def mpi_flavour() -> str:
+    """"openmpi" or "mpich": which MPI the tests' mpiexec launches (asked once, without
+    initialising MPI in the test process)."""
+    global _FLAVOUR
+    if _FLAVOUR is None:
+        out = subprocess.run([mpiexec_path(), "--version"], capture_output=True, text=True)
+        _FLAVOUR = "openmpi" if "Open MPI" in out.stdout + out.stderr or "prte" in (
+            out.stdout + out.stderr).lower() else "mpich"
+    return _FLAVOUR
+
+
+_FLAVOUR: str | None = None
+
+
+def stop_signal() -> int:
+    """The signal that makes a job checkpoint and exit 85 when sent to its launcher: SIGTERM
+    for MPICH's hydra (it forwards it); Open MPI's mpirun ends the ranks itself on SIGTERM and
+    forwards only SIGUSR1/SIGUSR2."""
+    import signal
+
+    return signal.SIGUSR1 if mpi_flavour() == "openmpi" else signal.SIGTERM
+
+
+def job_reported(run_dir: Path, frames: int = 1) -> bool:
+    """Whether a running job's metrics.h5 already has a progress row of >= ``frames`` frames
+    (launcher-agnostic: Open MPI holds a rank's partial stdout lines back)."""
+    from hpcrl.io.metrics import read_metrics
+
+    try:
+        train = read_metrics(run_dir / "metrics.h5")["train"]
+    except Exception:   # noqa: BLE001 - not created yet
+        return False
+    return len(train["frames"]) > 0 and int(train["frames"][-1]) >= frames
+
+
 def mpiexec_path() -> str:
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
@@ -64,6 +103,6 @@ def rank_pid(launcher_pid: int, rank: int) -> int:
             env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"PMI_RANK={rank}".encode() in env:
+        if any(f"{var}={rank}".encode() in env for var in RANK_VARS):
             return p
     raise LookupError(f"no rank {rank} under pid {launcher_pid}")

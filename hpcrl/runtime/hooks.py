@@ -10,6 +10,9 @@ honour them carry one call each and no variable names:
 ``HPCRL_CHECKPOINT_ON_START``  rank 0 asks for a checkpoint generation as soon as it can
 ``HPCRL_PHASE_TIMES_DIR=D``    actor-learners and ps ranks append phase timings under D
                                (``python -m hpcrl.bench scaling`` sets it for its jobs)
+``HPCRL_SEPARATE_MODEL``       ps ranks treat their windows as in MPI's separate memory
+                               model (atomics on their own header words), as they do on an
+                               MPI whose windows are not ``MPI.WIN_UNIFIED``
 =============================  ===========================================================
 """
 
@@ -44,3 +47,8 @@ def phase_times_dir() -> Path | None:
     """Where to write phase timings (None: do not time phases)."""
     value = os.environ.get("HPCRL_PHASE_TIMES_DIR")
     return Path(value) if value else None
+
+
+def separate_memory_model() -> bool:
+    """Force the ps's path for windows that are not unified (tests; see the table above)."""
+    return bool(os.environ.get("HPCRL_SEPARATE_MODEL"))

@@ -7,6 +7,7 @@ raises, which aborts the whole job (non-zero exit).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -32,6 +33,10 @@ def make_store(n_params: int, n_ps: int):
 
 
 def serve(store, kind="sgd", max_staleness=10**9, target_every=0, **kw):
+    # the path under test: local loads/stores on the ps's own header words in the unified
+    # memory model, MPI atomics otherwise (HPCRL_SEPARATE_MODEL forces the latter)
+    assert store._local_hdr == (store.win_hdr.model == MPI.WIN_UNIFIED
+                                and not os.environ.get("HPCRL_SEPARATE_MODEL")), "header path"
     opt = ShardOptimizer(kind, store.sizes[store.shard], store.spec.n_clients, **kw)
     server = ShardServer(store, opt, max_staleness=max_staleness, target_update_every=target_every)
     server.serve(idle_sleep_s=1e-3)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from hpcrl.runtime import hooks
 from hpcrl.runtime.params.header import FLAGS, SAVED, Word
 from hpcrl.runtime.params.optim import ShardOptimizer
 from hpcrl.runtime.topology import shard_ranges
@@ -153,7 +154,8 @@ class ParameterStore:
         # MPICH those take a lock that the clients' atomics contend for, and on an
         # oversubscribed node they cost the ps ~100 us each (measured: 14 % of its time, more
         # than applying the gradients). Only valid in the unified memory model.
-        self._local_hdr = own and self.win_hdr.model == MPI.WIN_UNIFIED
+        self._local_hdr = (own and self.win_hdr.model == MPI.WIN_UNIFIED
+                           and not hooks.separate_memory_model())
         self._res = np.zeros(max(self.n_ps, 1), np.int64)
         self._res2 = np.zeros(max(self.n_ps, 1), np.int64)
         self._word = np.zeros(1, np.int64)
