@@ -149,6 +149,9 @@ class Config:
     checkpoint_keep: int = _f(2, "complete checkpoint generations kept", lo=1)
     checkpoint_replay: bool = _f(True, "include replay memories in checkpoints")
     watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
+    preflight: bool = _f(True, "before training, check that each node's memory holds its ranks "
+                         "(replay memories, processes, parameter windows) and the run directory's "
+                         "disk the checkpoint generations; refuse with the arithmetic if not")
     run_dir_lease_s: float = _f(300.0, "a run directory's lease whose heartbeat is older than "
                                 "this many seconds is taken over (its job presumed dead); the "
                                 "holder rewrites it every tenth of this", gt=0.0)

@@ -71,6 +71,12 @@ def dry_run(args: argparse.Namespace) -> int:
         n_params = count_params(cfg)
         print(f"algo {cfg.algo}, game {cfg.game}, mode {cfg.mode}, run dir {cfg.resolved_run_dir()}")
         print(format_table(layout, n_params))
+        from hpcrl.envs import env_spec
+        from hpcrl.runtime import sizing
+
+        totals = sizing.summary(cfg, layout, env_spec(cfg)[0], n_params)
+        for line in sizing.describe(totals):
+            print(line)
     except (ConfigError, LayoutError, ValueError) as exc:
         return _error(str(exc))
     return 0

@@ -394,3 +394,25 @@ def test_plot_writes_non_blank_pngs(tree, tmp_path, capsys):
         assert 0.01 < non_white < 0.9, (name, non_white)  # drawn on, but not a solid block
         assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 10  # lines, text, colours
     assert err.count("wrote") == 4
+
+
+def test_milestones_by_hand():
+    # 25 episodes: 20 at -21, then -1, +19, +19, +19, +19. Window 4 for a short hand count:
+    # windows ending at episode 21 (-21 x 3, -1): mean -16.0; at 22 (-21, -21, -1, 19): -6.0;
+    # at 23 (-21, -1, 19, 19): 4.0; at 24 (-1, 19, 19, 19): 14.0; at 25: 19.0.
+    returns = [-21.0] * 20 + [-1.0, 19.0, 19.0, 19.0, 19.0]
+    frames = 1000 * np.arange(1, 26)
+    wall = 60.0 * np.arange(1, 26)
+    got = analyze.milestones(frames, returns, wall, [-16, 0, 10, 18, 20], window=4)
+    assert [(m["frames"], m["minutes"]) for m in got] == [
+        (21_000, 21.0), (23_000, 23.0), (24_000, 24.0), (25_000, 25.0), (None, None)]
+    assert analyze.milestones(frames[:3], returns[:3], wall[:3], [0], window=4)[0]["frames"] is None
+
+
+def test_milestones_on_the_command_line(tree, capsys):
+    code, out, _ = _cli(capsys, tree / "a3c" / "breakout", "--milestones", "0,30")
+    assert code == 0
+    row = [line for line in out.splitlines() if "breakout" in line and "| train |" in line][0]
+    # training returns 0 x 20 then 30.5 x 30, one per 1,000 frames: the mean of 20 passes 0 at
+    # the 20th episode, 30 at the 40th
+    assert "| 0.02 / " in row and "| 0.04 / " in row

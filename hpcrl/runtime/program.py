@@ -5,6 +5,7 @@ Call order on every rank (collective steps marked *):
     run dir leased and prepared by rank 0, outcome broadcast * -> one-line error on all ranks
     network built on the first client, size broadcast *
     resume point chosen by rank 0, its metrics.h5 checked, broadcast *; each rank reads its own state
+    pre-flight sizing: each node's memory and the checkpoints' disk, refused if short *
     ParameterStore created *, initialised from the first client's parameters *
     role loop: ps -> run_ps (rank 0 also gathers metrics); replay -> run_replay;
                clients -> run_client(the worker that ``make_worker`` builds for the role)
@@ -23,9 +24,9 @@ from typing import Callable
 from mpi4py import MPI
 
 from hpcrl import __version__
-from hpcrl.config import Config
+from hpcrl.config import Config, ConfigError
 from hpcrl.core import Worker
-from hpcrl.runtime import hooks, watchdog
+from hpcrl.runtime import hooks, sizing, watchdog
 from hpcrl.runtime.client import run_client
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_SIGNAL, Coordinator
@@ -65,6 +66,30 @@ def initial_parameters(cfg: Config):
     return ParamLayout.from_module(net).to_flat(net)
 
 
+def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int
+              ) -> list[str] | None:
+    """Collective. Rank 0 prints the memory each node and the disk the checkpoints need
+    (:mod:`hpcrl.runtime.sizing`) and, with ``cfg.preflight``, refuses a job that does not
+    fit: the same one-line ConfigError on every rank. Returns every rank's host on rank 0."""
+    mine = (socket.gethostname(), sizing.memory_available())
+    gathered = comm.gather(mine, root=0)
+    error, hosts = None, None
+    if comm.Get_rank() == 0:
+        from hpcrl.envs import env_spec
+
+        hosts = [h for h, _ in gathered]
+        totals = sizing.summary(cfg, layout, env_spec(cfg)[0], n_params, hosts)
+        for line in sizing.describe(totals):
+            print(f"[hpcrl] {line}", flush=True)
+        if cfg.preflight:
+            error = sizing.check(cfg, totals, run_dir, dict(gathered),
+                                 sizing.free_disk_bytes(run_dir))
+    error = comm.bcast(error, root=0)
+    if error:
+        raise ConfigError(error)
+    return hosts
+
+
 def count_params(cfg: Config) -> int:
     """Parameters of the run's network (for ``--dry-run``)."""
     return int(initial_parameters(cfg).size)
@@ -97,6 +122,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
     found = find_resume(comm, run_dir, layout, n_params)
     check_metrics(comm, run_dir, found, reset_metrics)
+    hosts = preflight(comm, cfg, layout, run_dir, n_params)
     if rank == 0:
         write_config(run_dir, cfg)
     gen, manifest = found if found else (0, None)
@@ -121,7 +147,6 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,
                         every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
                         info=info, stall_s=STALL_SHARE * cfg.watchdog_s)
-    hosts = comm.gather(socket.gethostname(), root=0)
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
                   manifest["frames"] if manifest else None, opt, hosts)
     watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))

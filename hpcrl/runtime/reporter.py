@@ -113,7 +113,7 @@ class Reporter:
                            dropped_stale=c["dropped_stale"],
                            dropped_outlier=int(s["dropped_outlier"]),
                            dropped_nonfinite=c["dropped_nonfinite"] + int(s["dropped_nonfinite"]),
-                           frames_per_second=fps, wall_time=now - self.t0)
+                           frames_per_second=fps)      # wall_time: the file's clock
         self.writer.flush()
         recent = np.mean(self.returns[-20:]) if self.returns else float("nan")
         evals = (f"eval(last 20) {np.mean(self.eval_returns[-20:]):8.2f} | "

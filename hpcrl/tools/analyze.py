@@ -152,6 +152,54 @@ def final_score(frames: np.ndarray, returns: np.ndarray, last_n: int) -> tuple[f
     return float(np.mean(tail)), int(tail.size)
 
 
+def milestones(frames: np.ndarray, returns: np.ndarray, wall_s: np.ndarray,
+               thresholds: Sequence[float], window: int = 20) -> list[dict]:
+    """When the mean of the last ``window`` episodes first reached each threshold.
+
+    Args:
+        frames, returns, wall_s: the episodes in the order they ended: global frames at the end,
+            return, seconds since the run started (summed over restarts).
+        thresholds: returns to reach, e.g. (-15, 0, 10, 18) for Pong.
+
+    Returns:
+        One dict per threshold: ``threshold``, ``frames`` and ``minutes`` at the episode that
+        completed the first such window (None for both if never reached).
+    """
+    returns = np.asarray(returns, np.float64)
+    out = []
+    if len(returns) >= window:
+        sums = np.convolve(returns, np.ones(window), "valid")
+    else:
+        sums = np.zeros(0)
+    for t in thresholds:
+        # integer returns sum exactly, so compare sums with window * t, not rounded means
+        hit = np.flatnonzero(sums >= window * t)
+        i = int(hit[0]) + window - 1 if hit.size else None
+        out.append({"threshold": float(t),
+                    "frames": int(frames[i]) if i is not None else None,
+                    "minutes": float(wall_s[i]) / 60 if i is not None else None})
+    return out
+
+
+def milestone_table(runs: Sequence[RunResult], thresholds: Sequence[float],
+                    window: int = 20) -> str:
+    """Markdown: per run, M frames and minutes until the mean return of ``window`` episodes
+    (evaluation episodes where the run evaluates, else training ones) first reached each
+    threshold."""
+    head = ["run", "episodes"] + [f"{t:+g}: M frames / min" for t in thresholds]
+    body = []
+    for run in runs:
+        if run.status == "unreadable":
+            continue
+        cells = []
+        for m in milestones(run.curve_frames, run.curve_returns, run.curve_wall_s, thresholds,
+                            window):
+            cells.append("never" if m["frames"] is None
+                         else f"{m['frames'] / 1e6:.2f} / {m['minutes']:.1f}")
+        body.append([run.path, run.score_source or "-"] + cells)
+    return _markdown_table(head, body)
+
+
 def spread(values: Iterable[float]) -> dict[str, float]:
     """Mean, sample standard deviation (ddof=1; 0 for one value), min and max of the finite
     values, and their number. No finite value: all nan, n = 0."""
@@ -245,6 +293,7 @@ class RunResult:
     error: str = ""
     curve_frames: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     curve_returns: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    curve_wall_s: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
 
 
 def _identity_from_path(path: Path) -> tuple[str, str, int | None]:
@@ -290,6 +339,7 @@ def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
         num_episodes_used=n_used,
         curve_frames=episodes["frames"],
         curve_returns=episodes["return"],
+        curve_wall_s=episodes["wall_time"],
     )
 
 
@@ -677,12 +727,19 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "a3c_ff_human_starts")
     p.add_argument("--format", choices=["text", "markdown", "csv", "json"], default="text")
     p.add_argument("--plot", metavar="DIR", help="write learning curves and an HNS bar chart")
+    p.add_argument("--milestones", metavar="R[,R...]", default="",
+                   help="also print, per run, the frames and minutes until the mean return of 20 "
+                        "episodes first reached each return R, e.g. -15,0,10,18 for Pong")
     p.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_S, metavar="S",
                    help="report a running run as stale after S seconds without a heartbeat")
     args = p.parse_args(argv)
     if args.last < 1:
         p.error("--last must be >= 1")
     args.columns = [c.strip() for c in args.compare.split(",") if c.strip()]
+    try:
+        args.milestones = [float(x) for x in args.milestones.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--milestones takes numbers separated by commas, not {args.milestones!r}")
     unknown = [c for c in args.columns if c not in score_columns()]
     if unknown:
         p.error(f"unknown --compare column(s) {', '.join(unknown)}; "
@@ -707,6 +764,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hpcrl.analyze: unreadable run: {run.error}", file=sys.stderr)
     report = build_report(runs, args.protocol, args.columns, args.last)
     sys.stdout.write(format_report(report, args.format))
+    if args.milestones:
+        sys.stdout.write("\n" + milestone_table(runs, args.milestones) + "\n")
     if args.plot:
         for path in plot_report(report, runs, args.plot):
             print(f"hpcrl.analyze: wrote {path}", file=sys.stderr)

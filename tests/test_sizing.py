@@ -1,0 +1,90 @@
+"""Pre-flight sizing: the arithmetic by hand, and real jobs refused for memory and for disk."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from hpcrl.config import load_config
+from hpcrl.runtime import sizing
+from hpcrl.runtime.topology import make_layout
+from tests.util import ROOT, run_mpi
+
+CARTPOLE = ["--config", "configs/gorila_cartpole.toml"]
+
+
+def test_gorila_cartpole_by_hand():
+    """1 ps + 3 bundles, replay 1,000 per bundle, one env each, 17,410 parameters."""
+    cfg = load_config(ROOT / "configs/gorila_cartpole.toml", ["replay_capacity=1000"])
+    layout = make_layout(4, cfg)
+    t = sizing.summary(cfg, layout, (4,), 17_410, ["a", "b", "b", "b"])
+    # a replay slot: 4 float32 (16 B) + 21 B of columns; 1,000 + 1 slots (stack 1)
+    replay = 1001 * 37
+    # ps: parameters and target double-buffered + 3 inboxes of (n + 2) floats, 19 header words
+    windows = 4 * (4 * 17_410 + 3 * (17_410 + 2)) + 8 * (16 + 3)
+    assert t["memory_parts"]["a"] == {"process": 80e6, "windows": windows,
+                                      "optimizer": 4 * 17_410}        # shared RMSProp: one v
+    assert t["memory"]["b"] == 3 * (200e6 + replay)
+    generation = 4 * (2 * 17_410 + 17_410) + 3 * replay
+    assert t["generation_bytes"] == generation
+    assert t["disk_bytes"] == generation * (2 + 1)                   # checkpoint_keep = 2
+
+
+def test_paper_layout_replay_is_the_issue():
+    """Gorila's paper layout: 100 bundles x 1 M Atari transitions of 84 x 84 bytes each."""
+    cfg = load_config(ROOT / "configs/gorila_paper.toml")
+    t = sizing.summary(cfg, make_layout(130, cfg), (4, 84, 84), 1_687_206)
+    slot = 84 * 84 + 21
+    assert t["memory_parts"]["one node"]["replay"] == 100 * (1_000_000 + 4) * slot
+    assert 700e9 < t["generation_bytes"] < 710e9
+
+
+def test_refusals_carry_the_arithmetic(tmp_path):
+    cfg = load_config(ROOT / "configs/gorila_cartpole.toml", ["replay_capacity=1000"])
+    t = sizing.summary(cfg, make_layout(4, cfg), (4,), 17_410, ["n1"] * 4)
+    assert sizing.check(cfg, t, tmp_path, {"n1": (1e12, "MemAvailable")}, 1e12) is None
+    line = sizing.check(cfg, t, tmp_path, {"n1": (0.5e9, "SLURM_MEM_PER_NODE")}, 1e12)
+    assert line.startswith("the job needs 0.7 GB of memory on n1 (process 0.68 GB + windows")
+    assert "SLURM_MEM_PER_NODE allows 0.5 GB: lower replay_capacity" in line
+    line = sizing.check(cfg, t, tmp_path, {"n1": None}, 1000.0)
+    assert "checkpoint_keep 2 + 1 generations x 0.00 GB" in line and "--set checkpoint_keep=1" in line
+
+
+def test_memory_available_reads_slurm_first(monkeypatch):
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")
+    assert sizing.memory_available() == (2.0 ** 30, "SLURM_MEM_PER_NODE")
+
+
+def test_dry_run_prints_the_paper_totals():
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--dry-run", "--world-size", "130",
+                           "--config", "configs/gorila_paper.toml"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory on one node: 730.82 GB (process 22.40, windows 0.70, optimizer 0.01, " \
+        "replay 707.70)" in proc.stdout
+    assert "checkpoints: 707.73 GB per generation, 2123.19 GB of disk" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_a_job_that_cannot_fit_memory_is_refused(tmp_path):
+    proc, wall = run_mpi(4, ["-m", "hpcrl.run", *CARTPOLE, "--set", f"run_dir={tmp_path}/r",
+                             "--set", "replay_capacity=1000000000"], timeout=120)
+    assert proc.returncode == 2 and wall < 60, proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcrl: error:")][0]
+    assert "the job needs 111.7 GB of memory on" in line and "replay 111.00 GB" in line
+
+
+@pytest.mark.mpi
+def test_a_job_whose_checkpoints_cannot_fit_the_disk_is_refused(tmp_path):
+    """Replay small enough for memory (1 GB per bundle), more generations than the disk holds."""
+    free = shutil.disk_usage(tmp_path).free
+    capacity = 27_000_000                             # x 37 B = 1.0 GB per bundle
+    generation = 3 * capacity * 37
+    keep = int(free // generation) + 1
+    proc, wall = run_mpi(4, ["-m", "hpcrl.run", *CARTPOLE, "--set", f"run_dir={tmp_path}/r",
+                             "--set", f"replay_capacity={capacity}",
+                             "--set", f"checkpoint_keep={keep}"], timeout=120)
+    assert proc.returncode == 2 and wall < 60, proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcrl: error:")][0]
+    assert f"(checkpoint_keep {keep} + 1 generations x 3.00 GB)" in line, line
