@@ -97,8 +97,10 @@ class Config:
     actor_sync_every: int = _f(16, "actor pulls behaviour parameters every this many agent steps "
                                "(1 = Gorila paper: before every acting step)", lo=1)
     learner_sync_every: int = _f(1, "learner pulls parameters every this many updates", lo=1)
-    replay_capacity: int = _f(1_000_000, "transitions per replay memory (local: per actor; "
-                              "global: per replay rank)", lo=1)
+    replay_capacity: int = _f(300_000, "transitions per replay memory (local: per actor; "
+                              "global: per replay rank); 300 k keeps the default 4-rank job "
+                              "(3 bundles, 6.4 GB of Atari replay) on a 16 GB node; the papers: "
+                              "1 M per actor (configs/gorila_paper.toml)", lo=1)
     replay_min_fill: int = _f(50_000, "transitions in a replay memory before learning starts", lo=1)
     batch_size: int = _f(32, "minibatch size in transitions", lo=1)
     update_every: int = _f(4, "bundled mode: one learner update per this many agent steps", lo=1)
