@@ -24,6 +24,15 @@ def test_zero_fractions_by_hand():
     assert rows[0]["fraction"] == pytest.approx(2 / 3) and rows[2]["fraction"] == 0.8
 
 
+def test_adaptive_share_against_eps_by_hand():
+    # eps 0.01: statistics 0, 1e-4, 0.04, 1 -> two of four above eps; median of [0, 1e-4]
+    # is 5e-5 (sqrt 7.07e-3), of [0.04, 1] is 0.52 (sqrt 0.721)
+    rows = zero_fractions([("a", 2), ("b", 2)], np.array([0, 1e-4, 0.04, 1.0]), eps=0.01)
+    assert [r["above_eps"] for r in rows] == [0.0, 1.0, 0.5]
+    assert rows[0]["median_sqrt_stat"] == pytest.approx(5e-5 ** 0.5)
+    assert rows[1]["median_sqrt_stat"] == pytest.approx(0.52 ** 0.5)
+
+
 def test_per_client_statistics_count_only_when_zero_for_every_client():
     stat = np.array([[0, 1, 0, 0], [0, 0, 2, 0]], np.float32)   # [n_clients, n]
     (row, total) = zero_fractions([("w", 4)], stat)
@@ -77,6 +86,8 @@ def test_cli_on_an_adagrad_checkpoint_with_one_shard(tmp_path, capsys):
     assert main([str(_write_run(tmp_path, stat_name="G", n_ps=1)), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["statistic"] == "G" and report["tensors"][-1]["zero"] == 12
+    # a3c_cartpole.toml's optim_eps (1e-5) against statistics of 1 (43 of 55) and 0 (12)
+    assert report["optim_eps"] == 1e-5 and report["tensors"][-1]["above_eps"] == 43 / 55
     assert main([str(tmp_path / "run")]) == 0
     assert "statistic G is 0 (never a gradient;" in capsys.readouterr().out
 

@@ -47,8 +47,14 @@ class DiagnoseError(RuntimeError):
     """One line for the user: what is wrong with the run directory."""
 
 
-def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray) -> list[dict]:
-    """Per tensor, the share of its parameters whose statistic is exactly 0.
+def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
+                   eps: float | None = None) -> list[dict]:
+    """Per tensor, the share of its parameters whose statistic is exactly 0, and (given the
+    optimiser's ``eps``) the share above eps with the median sqrt(statistic).
+
+    The update is lr g / sqrt(stat + eps): where stat > eps the rule adapts the step to each
+    parameter; where stat < eps it is plain SGD at a rate of about lr / sqrt(eps) (Gorila's
+    AdaGrad with eps 0.1 and gradients of 1e-4 stays there for the whole run).
 
     Args:
         tensors: (name, number of parameters) in the flat vector's order.
@@ -56,9 +62,11 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray) -> list
             as zero only when it is zero for every client).
 
     Returns:
-        [{"name", "size", "zero", "fraction"}], one per tensor, then one named "all".
+        [{"name", "size", "zero", "fraction"[, "above_eps", "median_sqrt_stat"]}], one per
+        tensor, then one named "all".
     """
-    zero = ~np.any(np.atleast_2d(stat) != 0, axis=0)
+    stat2 = np.atleast_2d(stat)
+    zero = ~np.any(stat2 != 0, axis=0)
     n = sum(size for _, size in tensors)
     if zero.size != n:
         raise DiagnoseError(f"the checkpoint holds {zero.size} statistics but the network has "
@@ -68,8 +76,13 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray) -> list
     rows = []
     for name, lo, hi in spans + [("all", 0, n)]:
         count = int(np.count_nonzero(zero[lo:hi]))
-        rows.append({"name": name, "size": int(hi - lo), "zero": count,
-                     "fraction": count / (hi - lo) if hi > lo else 0.0})
+        row = {"name": name, "size": int(hi - lo), "zero": count,
+               "fraction": count / (hi - lo) if hi > lo else 0.0}
+        if eps is not None and hi > lo:
+            part = stat2[:, lo:hi]
+            row["above_eps"] = float(np.mean(part > eps))
+            row["median_sqrt_stat"] = float(np.sqrt(np.median(part)))
+        rows.append(row)
     return rows
 
 
@@ -117,7 +130,7 @@ def diagnose_run(run_dir: str | Path) -> dict:
     tensors, cfg = _tensors(run_dir)
     return {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),
             "algo": cfg.algo, "game": cfg.game, "optimizer": cfg.optimizer, "statistic": name,
-            "tensors": zero_fractions(tensors, stat)}
+            "optim_eps": cfg.optim_eps, "tensors": zero_fractions(tensors, stat, cfg.optim_eps)}
 
 
 def format_text(report: dict) -> str:
@@ -126,8 +139,15 @@ def format_text(report: dict) -> str:
              f"share of parameters whose {report['optimizer']} statistic {report['statistic']} "
              f"is 0 ({WHAT_ZERO_MEANS[report['statistic']]}; a bias at 0 is a dead unit):"]
     width = max(len(r["name"]) for r in report["tensors"])
+    eps = report.get("optim_eps")
+    if eps is not None:
+        lines.append(f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above eps {eps:g} "
+                     f"(adaptive)   median sqrt(stat) vs sqrt(eps) {eps ** 0.5:.3g}")
     for r in report["tensors"]:
-        lines.append(f"  {r['name']:<{width}} {r['size']:>12,} {100 * r['fraction']:6.1f} %")
+        line = f"  {r['name']:<{width}} {r['size']:>12,} {100 * r['fraction']:6.1f} %"
+        if "above_eps" in r:
+            line += f"   {100 * r['above_eps']:6.1f} %{'':14}   {r['median_sqrt_stat']:.3g}"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
