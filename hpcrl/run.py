@@ -15,19 +15,43 @@ import argparse
 import os
 import socket
 import sys
+import textwrap
 import traceback
 
 from hpcrl.runtime.exits import EXIT_CONFIG, EXIT_FAILURE
 
 
+EXIT_CODES = ("exit status: 0 finished (budget spent or early_stop); 1 a failure on some rank "
+              "(reported with rank, role, host and traceback); 2 a config, layout or run-"
+              "directory error (nothing was run or changed); 85 checkpointed on SIGUSR1/SIGTERM "
+              "(requeue me)")
+
+
+def _config_keys() -> str:
+    """One line per config key for --help: name, default and the field's doc."""
+    import dataclasses
+
+    from hpcrl.config import Config
+
+    lines = ["config keys (--set KEY=VALUE; reference: docs/configuration.md):"]
+    for f in dataclasses.fields(Config):
+        lines.append(f"  {f.name} = {f.default!r}: {f.metadata['doc']}")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m hpcrl.run", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m hpcrl.run", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=textwrap.fill(EXIT_CODES, 90) + "\n\n" + _config_keys())
     p.add_argument("--config", help="TOML config file (default: the embedded Gorila Pong config)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config field (repeatable), e.g. --set total_frames=20000")
     p.add_argument("--dry-run", action="store_true",
                    help="print the rank table for --world-size and exit, without MPI")
     p.add_argument("--world-size", type=int, default=None, help="world size for --dry-run")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (--config and --set applied) as TOML with "
+                        "each field's comment, and exit")
     p.add_argument("--force-new", action="store_true",
                    help="the run directory holds a different run: move it aside, start anew")
     p.add_argument("--reset-metrics", action="store_true",
@@ -82,11 +106,25 @@ def dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_config(args: argparse.Namespace) -> int:
+    """--print-config: the resolved TOML, which --config reads back as the same config."""
+    from hpcrl.config import ConfigError, load_config, to_toml
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as exc:
+        return _error(str(exc))
+    sys.stdout.write(to_toml(cfg))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.dry_run:
         return dry_run(args)
+    if args.print_config:
+        return print_config(args)
     from hpcrl.config import ConfigError, load_config
     from hpcrl.runtime.topology import LayoutError, make_layout
 

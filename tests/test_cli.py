@@ -166,6 +166,48 @@ def test_checkpoint_on_demand_through_a_request_file(tmp_path):
     assert "checkpoint requested through checkpoint.request" in (tmp_path / "out.log").read_text()
 
 
+def test_print_config_reads_back_as_the_same_config(tmp_path):
+    from hpcrl.config import load_config
+
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--print-config", "--config",
+                           "configs/a3c_pong.toml", "--set", "seed=7", "--set", "t_max=20"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "t_max = 20  # rollout length in agent steps" in proc.stdout
+    (tmp_path / "c.toml").write_text(proc.stdout)
+    assert load_config(tmp_path / "c.toml") == load_config("configs/a3c_pong.toml",
+                                                           ["seed=7", "t_max=20"])
+
+
+def test_help_lists_config_keys_and_exit_codes():
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "85 checkpointed on SIGUSR1/SIGTERM" in proc.stdout.replace("\n", " ")
+    assert "  learning_rate = " in proc.stdout and "  run_dir_lease_s = 300.0: " in proc.stdout
+
+
+@pytest.mark.mpi
+def test_runs_record_their_provenance(tmp_path):
+    from hpcrl.io import checkpoint as ck
+    from hpcrl.io.metrics import read_metrics
+
+    proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", "configs/a3c_cartpole.toml", "--set",
+                          f"run_dir={tmp_path}/r", "--set", "total_frames=500"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import socket
+
+    attrs = read_metrics(tmp_path / "r" / "metrics.h5")["attrs"]
+    origin = json.loads(attrs["provenance"])
+    manifest = ck.latest_complete(tmp_path / "r" / "checkpoints")[1]
+    assert manifest["provenance"] == origin
+    assert set(origin["versions"]) == {"hpcrl", "torch", "numpy", "ale-py", "gymnasium",
+                                       "mpi4py", "h5py"}
+    assert all(origin["versions"].values()) and origin["mpi_library"]
+    assert origin["hosts"] == [socket.gethostname()] and origin["world_size"] == 3
+    assert len(origin["git_commit"]) == 40 and isinstance(origin["git_dirty"], bool)
+
+
 @pytest.mark.parametrize("what, args, keys", [
     ("actor", ["--steps", "20", "--blocks", "1"],
      ("bound_steps_per_s", "actor_steps_per_s", "fraction", "fraction_sync1")),

@@ -64,6 +64,7 @@ class Context:
     resume_frames: int | None  # global frames of that checkpoint
     opt: object = None         # ps ranks: the shard optimiser
     hosts: list | None = None  # rank 0: every rank's host name, by rank
+    provenance: dict | None = None   # rank 0: versions, MPI, git, hosts, SLURM ids
     link: ClientLink = field(init=False)
 
     def __post_init__(self) -> None:

@@ -32,6 +32,7 @@ from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_SIGNAL, Coordinator
 from hpcrl.runtime.exits import EXIT_REQUEUE
 from hpcrl.runtime.params.store import ParameterStore, StoreSpec, load_shard_state
+from hpcrl.runtime.provenance import provenance
 from hpcrl.runtime.ps import make_optimizer, run_ps, run_replay
 from hpcrl.runtime.rundir import check_metrics, find_resume, load_rank_state, prepare_run_dir, \
     write_config
@@ -141,14 +142,16 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
         if state is not None:
             load_shard_state(store, opt, state)
     store.initialize(None if found else theta0)
+    origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
+              if rank == 0 else None)
     info = dict(roles=layout.role_names(), world_size=layout.world_size,
                 n_params=n_params, algo=cfg.algo, game=cfg.game, seed=cfg.seed,
-                hpcrl_version=__version__)
+                hpcrl_version=__version__, provenance=origin)
     coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,
                         every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
                         info=info, stall_s=STALL_SHARE * cfg.watchdog_s)
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
-                  manifest["frames"] if manifest else None, opt, hosts)
+                  manifest["frames"] if manifest else None, opt, hosts, origin)
     watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))
     hooks.after_startup(rank)
     if role == Role.PS:

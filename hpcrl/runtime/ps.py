@@ -51,7 +51,7 @@ def run_ps(ctx: Context) -> None:
     server = ShardServer(ctx.store, ctx.opt, max_staleness=cfg.max_staleness,
                          target_update_every=target_every)
     reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames,
-                         ctx.hosts) if ctx.rank == 0 else None)
+                         ctx.hosts, ctx.provenance) if ctx.rank == 0 else None)
     if reporter:
         ctx.coord.not_arrived = reporter.not_arrived
     on_tick = _rank0_tick(ctx, reporter) if reporter else None

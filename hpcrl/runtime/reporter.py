@@ -3,6 +3,7 @@ plus a progress line every ``log_every_s`` seconds; and the early-stop rule it f
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -39,11 +40,11 @@ class Reporter:
 
     def __init__(self, mcomm: MPI.Comm, store: ParameterStore, cfg: Config, layout: Layout,
                  run_dir: Path, resume_frames: int | None = None,
-                 hosts: list[str] | None = None):
+                 hosts: list[str] | None = None, provenance: dict | None = None):
         self.mcomm, self.store, self.cfg = mcomm, store, cfg
         self.clients = layout.client_ranks
         attrs = dict(algo=cfg.algo, game=cfg.game, seed=cfg.seed, config=to_toml(cfg),
-                     hpcrl_version=__version__)
+                     hpcrl_version=__version__, provenance=json.dumps(provenance or {}))
         path = run_dir / "metrics.h5"
         resume = resume_frames is not None and path.exists()
         if path.exists() and not resume:                 # a start that never checkpointed
