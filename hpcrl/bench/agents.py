@@ -513,9 +513,9 @@ def main(what: str, argv: list[str]) -> dict:
     if what == "scaling" and args.envs_per_actor > 1:
         return bench_batched(args.algo, args.envs_per_actor, args.actor_learners, args.seconds,
                              args.warmup, args.set, args.launcher_args.split())
-    if what == "scaling":
-        return bench_scaling(args.algo, args.seconds, args.warmup, args.set,
-                             args.launcher_args.split())
+    if what == "scaling":         # one environment per actor-learner, whatever the config says
+        return bench_scaling(args.algo, args.seconds, args.warmup,
+                             ["envs_per_actor=1", *args.set], args.launcher_args.split())
     if what == "actor":
         return bench_actor(args.game, args.steps, args.blocks)
     if what == "learner":
