@@ -72,6 +72,24 @@ def game_at(set_name: str, index: int) -> str:
     return games[index]
 
 
+def task_at(set_name: str, index: int, seeds: int = 1) -> tuple[str, int]:
+    """(game, seed offset) of array index ``index`` when each game runs ``seeds`` seeds:
+    index i is game i % n and seed offset i // n, so ``--array=0-146`` over the 49 games of
+    gorila49 with 3 seeds runs every game with offset 0, then 1, then 2 (and ``--array=0-48``
+    is exactly the one-seed array).
+
+    Raises:
+        ValueError: unknown set, ``seeds`` < 1, or index outside 0 .. n * seeds - 1.
+    """
+    games = game_set(set_name)
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if not 0 <= index < len(games) * seeds:
+        raise ValueError(f"index {index} out of range for {set_name} with {seeds} seeds "
+                         f"(0..{len(games) * seeds - 1})")
+    return games[index % len(games)], index // len(games)
+
+
 def atari_rom_ids() -> list[str]:
     """All ROM ids that ale-py ships (imports ale-py on first use)."""
     from ale_py import roms
@@ -129,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="set_name", help=f"game set: {', '.join(GAME_SETS)}")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--index", type=int, help="print the game at this 0-based index of --set")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="with --index: each game runs this many seeds; print 'GAME OFFSET' "
+                             "(the seed offset of that index, see task_at)")
     what.add_argument("--list", action="store_true",
                       help="print the games of --set one per line (all valid ids without --set)")
     args = parser.parse_args(argv)
@@ -139,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.set_name:
                 raise ValueError("--index needs --set")
-            print(game_at(args.set_name, args.index))
+            if args.seeds is None:
+                print(game_at(args.set_name, args.index))
+            else:
+                print(*task_at(args.set_name, args.index, args.seeds))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,8 @@
 #                   exists, else python3 on PATH)
 #   HPCRL_CONFIG    config file, relative to HPCRL_ROOT or absolute (default: per script)
 #   HPCRL_SEED      seed (default 0)
+#   HPCRL_SEEDS     seeds per game: array index i runs game i % n with seed HPCRL_SEED + i / n,
+#                   so --array=0-146 runs the 49 Gorila games x 3 seeds (default: one seed)
 #   HPCRL_RESULTS   results root (default: results, relative to HPCRL_ROOT)
 #   HPCRL_LAUNCHER  mpiexec (default: the mpich wheel's hydra mpiexec, which takes the nodes
 #                   from the SLURM allocation and starts its proxies with srun) | srun (the
@@ -159,8 +161,18 @@ hpcrl_array_main() {
         "HPCRL_TASK_ID (with HPCRL_DRY_RUN=1) to check one task"
     local ntasks=${SLURM_NTASKS:-${HPCRL_NTASKS:-$HPCRL_DEFAULT_NTASKS}}
     local game
-    game=$(hpcrl_game_for_index "$index") || hpcrl_die "no game for array index $index of set" \
-        "$HPCRL_GAME_SET"
+    if [ -n "${HPCRL_SEEDS:-}" ]; then
+        # HPCRL_SEEDS=N: index i runs game i % n with seed HPCRL_SEED + i / n
+        local task offset
+        task=$("$HPCRL_PYTHON" -m hpcrl.games --set "$HPCRL_GAME_SET" --index "$index" \
+            --seeds "$HPCRL_SEEDS") || hpcrl_die "no (game, seed) for array index $index of set" \
+            "$HPCRL_GAME_SET with HPCRL_SEEDS=$HPCRL_SEEDS"
+        read -r game offset <<< "$task"
+        HPCRL_SEED=$((HPCRL_SEED + offset))
+    else
+        game=$(hpcrl_game_for_index "$index") || hpcrl_die "no game for array index $index of" \
+            "set $HPCRL_GAME_SET"
+    fi
     hpcrl_build_command "$game" "$ntasks" "$@"
 
     hpcrl_log "job ${SLURM_JOB_ID:-none} (array ${SLURM_ARRAY_JOB_ID:-none}_$index)," \

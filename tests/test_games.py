@@ -73,3 +73,18 @@ def test_resolve_aliases(name, expected):
 def test_resolve_unknown_is_value_error():
     with pytest.raises(ValueError, match="--list"):
         resolve_game_id("pongg")
+
+
+def test_array_index_to_game_and_seed_for_both_sets():
+    from hpcrl.games import GAME_SETS, task_at
+
+    for name in ("gorila49", "a3c57"):
+        games = GAME_SETS[name]
+        n = len(games)
+        got = [task_at(name, i, 3) for i in range(3 * n)]
+        # every (game, seed offset) once: offset 0 for all games first, then 1, then 2
+        assert got == [(g, k) for k in range(3) for g in games]
+        assert task_at(name, 5, 1) == (games[5], 0)
+        with pytest.raises(ValueError, match=f"out of range for {name} with 3 seeds"):
+            task_at(name, 3 * n, 3)
+    assert task_at("a3c57", 2 * 57 + 36, 3) == ("pong", 2)

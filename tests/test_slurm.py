@@ -94,6 +94,17 @@ def test_a3c_dry_run_alphabetical_set_and_srun_launcher(tmp_path):
     assert "command: srun --mpi=pmi2 --kill-on-bad-exit=1 " in proc.stderr
 
 
+def test_seeds_per_game_pick_game_and_seed_from_the_index(tmp_path):
+    # HPCRL_SEEDS=3, index 51 = 49 + 2: the third game, seed 5 + 1
+    proc = _dry_run("slurm/gorila_49games.sh", 51, HPCRL_RESULTS=str(tmp_path),
+                    HPCRL_SEEDS="3", HPCRL_SEED="5")
+    assert proc.returncode == 0, proc.stderr
+    assert f"game {GORILA_49[2]} (set gorila49, index 51)" in proc.stderr
+    assert f"run dir {tmp_path}/gorila/{GORILA_49[2]}/seed-6" in proc.stdout
+    proc = _dry_run("slurm/gorila_49games.sh", 147, HPCRL_SEEDS="3")
+    assert proc.returncode == 2 and "out of range for gorila49 with 3 seeds" in proc.stderr
+
+
 def test_bad_index_and_bad_launcher_fail_with_a_reason():
     proc = _dry_run("slurm/gorila_49games.sh", 49)
     assert proc.returncode == 2
