@@ -136,6 +136,42 @@ def test_a_frozen_rank_during_a_checkpoint_is_named(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_frozen_parameter_server_is_named_by_its_clients(tmp_path):
+    """With 2 ps ranks, the one that is not rank 0 is stopped: the clients, whose pushes it no
+    longer takes, name it (not themselves) and the job ends within watchdog_s."""
+    from hpcrl.config import load_config
+    from hpcrl.runtime.topology import make_layout
+
+    sets = ["--set", "n_ps=2", "--set", "watchdog_s=10"]
+    layout = make_layout(4, load_config("configs/a3c_cartpole.toml", ["n_ps=2"]))
+    frozen = [r for r in layout.ps_ranks if r != 0][0]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [mpiexec_path(), "-n", "4", sys.executable, "-m", "hpcrl.run", "--config",
+           "configs/a3c_cartpole.toml", "--set", f"run_dir={tmp_path}/r", "--set",
+           "total_frames=100000000", "--set", "log_every_s=0.5", *sets]
+    with open(tmp_path / "err.log", "w") as err:
+        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while not job_reported(tmp_path / "r"):
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.2)
+        os.kill(rank_pid(job.pid, frozen), signal.SIGSTOP)
+        t0 = time.monotonic()
+        job.wait(timeout=60)
+        wall = time.monotonic() - t0
+    finally:
+        signal_tree(job.pid, signal.SIGKILL)
+        job.wait()
+    stderr = (tmp_path / "err.log").read_text()
+    assert job.returncode != 0
+    assert f"PeerStalled: rank {frozen} (ps, shard 1) has not taken rank " in stderr, stderr
+    assert "hpcrl: watchdog" not in stderr.split("PeerStalled")[0]     # named first
+    assert wall < 10 + 5
+
+
+@pytest.mark.mpi
 def test_checkpoint_on_demand_through_a_request_file(tmp_path):
     """`touch <run_dir>/checkpoint.request` writes a generation within seconds; the run goes on."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",

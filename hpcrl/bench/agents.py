@@ -221,7 +221,14 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
     times = Path(run_dir) / "phase_times"
     env = dict(os.environ, OMP_NUM_THREADS="1", HPCRL_PHASE_TIMES_DIR=str(times))
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(warmup + seconds + 5)                  # + start-up
+    # the window starts once every actor-learner writes its phase times: start-up (imports,
+    # network, environments) takes seconds on a quiet machine and far longer on a loaded one
+    deadline = time.monotonic() + 300
+    while len(list(times.glob("rank-*.jsonl"))) < n_workers and time.monotonic() < deadline:
+        if job.poll() is not None:
+            raise RuntimeError(f"the benchmark job exited with status {job.returncode}")
+        time.sleep(0.5)
+    time.sleep(warmup + seconds + 1)
     job.send_signal(signal.SIGTERM)
     job.wait(timeout=120)
     train = read_metrics(Path(run_dir) / "metrics.h5")["train"]

@@ -40,8 +40,9 @@ from hpcrl.runtime.topology import Layout, Role
 
 WorkerFactory = Callable[[Context, Role], Worker]
 
-#: Rank 0 names the clients missing at a checkpoint after this share of ``watchdog_s``: before
-#: the arrived ranks' own watchdogs fire in the gather they wait in.
+#: A wait for a frozen peer is reported after this share of ``watchdog_s`` (rank 0 names the
+#: clients missing at a checkpoint, a client the ps that does not take its gradient): before the
+#: waiting ranks' own watchdogs fire and blame themselves.
 STALL_SHARE = 0.8
 
 
@@ -136,6 +137,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
         print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
               f"{manifest['frames']:,}{moved}", flush=True)
     store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
+    store.stall_s = STALL_SHARE * cfg.watchdog_s          # a frozen ps is named by its clients
     opt = None
     if role == Role.PS:
         opt = make_optimizer(cfg, store)

@@ -60,6 +60,11 @@ from hpcrl.runtime.topology import shard_ranges
 class NonFiniteState(ValueError):
     """A shard's parameters hold NaN or inf: that checkpoint generation must not be written."""
 
+class PeerStalled(RuntimeError):
+    """A ps shard has not taken this client's gradient for ``ParameterStore.stall_s``
+    seconds: its rank is frozen (a stopped process, a node stuck on a file system) or dead."""
+
+
 V, S, TV, TS = Word.V, Word.S, Word.TV, Word.TS
 _NO_OP_ORIGIN = np.zeros(1, np.int64)
 
@@ -164,6 +169,10 @@ class ParameterStore:
         self._tags = np.zeros(max(self.n_ps, 1), np.int64)
         self._lr_norm = np.zeros(2, np.float32)          # lr, squared norm
         self._plans: dict[tuple[int, ...], list] = {}
+        #: seconds a client waits for a shard to take its gradient before it raises
+        #: PeerStalled naming that shard's rank (0 = wait for ever; the runtime sets it below
+        #: ``watchdog_s``, whose report would name the waiting client instead)
+        self.stall_s = 0.0
         self._freed = False
         comm.Barrier()
 
@@ -273,8 +282,10 @@ class ParameterStore:
         flag = self._flag_word()
         flags = self._res
         pending = list(range(self.n_ps))
+        t0 = time.monotonic()
         while pending:
             self._fetch_words(flag, pending, flags)
+            self._check_stall(t0, [j for j in pending if flags[j] != 0])
             free = [j for j in pending if flags[j] == 0]
             for j in free:
                 n, target = self.sizes[j], self.spec.ps_ranks[j]
@@ -300,7 +311,8 @@ class ParameterStore:
         Returns:
             True if every shard took it.
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = None if timeout_s is None else t0 + timeout_s
         pending = list(range(self.n_ps))
         while pending:
             self._fetch_words(self._flag_word(), pending, self._res)
@@ -308,8 +320,17 @@ class ParameterStore:
             if pending:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
+                self._check_stall(t0, pending)
                 time.sleep(poll_s)
         return True
+
+    def _check_stall(self, t0: float, full: list[int]) -> None:
+        """Raise PeerStalled when shards in ``full`` have held this client's gradient since
+        ``t0`` for longer than ``stall_s``."""
+        if full and self.stall_s > 0 and time.monotonic() - t0 > self.stall_s:
+            ranks = ", ".join(f"rank {self.spec.ps_ranks[j]} (ps, shard {j})" for j in full)
+            raise PeerStalled(f"{ranks} has not taken rank {self.comm.Get_rank()}'s gradient "
+                              f"for {time.monotonic() - t0:.0f} s: that rank is frozen or dead")
 
     def word(self, word: Word) -> "SharedWord":
         """A job-wide header word of shard 0 (frames, steps, the checkpoint words)."""
