@@ -41,13 +41,13 @@ def assert_pong_metrics(m, algo, total_frames):
     assert m["train"]["frames"][-1] >= total_frames
 
 
-def pong_smoke_run(tmp_path, algo, n, total_frames=20000):
+def pong_smoke_run(tmp_path, algo, n, total_frames=20000, sets=()):
     """``mpiexec -n n`` of configs/<algo>_pong.toml for ``total_frames``: exit 0 and the common
     metrics schema; returns (run dir, metrics)."""
     run_dir = tmp_path / "pong"
     proc, _ = run_mpi(n, ["-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
-                          "--set", f"total_frames={total_frames}", "--set", f"run_dir={run_dir}"],
-                      timeout=300)
+                          "--set", f"total_frames={total_frames}", "--set", f"run_dir={run_dir}",
+                          *[a for kv in sets for a in ("--set", kv)]], timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = read_metrics(run_dir / "metrics.h5")
     assert_pong_metrics(m, algo, total_frames)

@@ -40,10 +40,12 @@ from hpcrl.runtime.topology import Layout, Role
 
 WorkerFactory = Callable[[Context, Role], Worker]
 
-#: A wait for a frozen peer is reported after this share of ``watchdog_s`` (rank 0 names the
-#: clients missing at a checkpoint, a client the ps that does not take its gradient): before the
-#: waiting ranks' own watchdogs fire and blame themselves.
+#: Rank 0 names the clients missing at a checkpoint after this share of ``watchdog_s``: before
+#: the arrived ranks' own watchdogs fire in the gather they wait in.
 STALL_SHARE = 0.8
+#: A client waiting for a ps to take its gradient beats its watchdog and names that ps after
+#: ``watchdog_s`` plus this: a ps that is alive but stuck reports itself (with its stack) first.
+PEER_GRACE_S = 10.0
 
 
 def validate(cfg: Config) -> None:
@@ -125,6 +127,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     found = find_resume(comm, run_dir, layout, n_params)
     check_metrics(comm, run_dir, found, reset_metrics)
     hosts = preflight(comm, cfg, layout, run_dir, n_params)
+    origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
+              if rank == 0 else None)
     if rank == 0:
         write_config(run_dir, cfg)
     gen, manifest = found if found else (0, None)
@@ -137,15 +141,13 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
         print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
               f"{manifest['frames']:,}{moved}", flush=True)
     store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
-    store.stall_s = STALL_SHARE * cfg.watchdog_s          # a frozen ps is named by its clients
+    store.stall_s = cfg.watchdog_s + PEER_GRACE_S          # a frozen ps is named by its clients
     opt = None
     if role == Role.PS:
         opt = make_optimizer(cfg, store)
         if state is not None:
             load_shard_state(store, opt, state)
     store.initialize(None if found else theta0)
-    origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
-              if rank == 0 else None)
     info = dict(roles=layout.role_names(), world_size=layout.world_size,
                 n_params=n_params, algo=cfg.algo, game=cfg.game, seed=cfg.seed,
                 hpcrl_version=__version__, provenance=origin)

@@ -729,7 +729,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--plot", metavar="DIR", help="write learning curves and an HNS bar chart")
     p.add_argument("--milestones", metavar="R[,R...]", default="",
                    help="also print, per run, the frames and minutes until the mean return of 20 "
-                        "episodes first reached each return R, e.g. -15,0,10,18 for Pong")
+                        "episodes first reached each return R, e.g. --milestones=-15,0,10,18 for "
+                        "Pong (with =, as the list starts with a minus)")
     p.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_S, metavar="S",
                    help="report a running run as stale after S seconds without a heartbeat")
     args = p.parse_args(argv)

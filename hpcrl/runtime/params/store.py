@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl.runtime import hooks
+from hpcrl.runtime import hooks, watchdog
 from hpcrl.runtime.params.header import FLAGS, SAVED, Word
 from hpcrl.runtime.params.optim import ShardOptimizer
 from hpcrl.runtime.topology import shard_ranges
@@ -170,8 +170,8 @@ class ParameterStore:
         self._lr_norm = np.zeros(2, np.float32)          # lr, squared norm
         self._plans: dict[tuple[int, ...], list] = {}
         #: seconds a client waits for a shard to take its gradient before it raises
-        #: PeerStalled naming that shard's rank (0 = wait for ever; the runtime sets it below
-        #: ``watchdog_s``, whose report would name the waiting client instead)
+        #: PeerStalled naming that shard's rank (0 = wait for ever, without watchdog beats);
+        #: while it waits it feeds its watchdog, which would otherwise blame the client
         self.stall_s = 0.0
         self._freed = False
         comm.Barrier()
@@ -327,7 +327,10 @@ class ParameterStore:
     def _check_stall(self, t0: float, full: list[int]) -> None:
         """Raise PeerStalled when shards in ``full`` have held this client's gradient since
         ``t0`` for longer than ``stall_s``."""
-        if full and self.stall_s > 0 and time.monotonic() - t0 > self.stall_s:
+        if not full or self.stall_s <= 0:
+            return
+        watchdog.beat()                 # waiting on a peer: the peer's watchdog speaks first
+        if time.monotonic() - t0 > self.stall_s:
             ranks = ", ".join(f"rank {self.spec.ps_ranks[j]} (ps, shard {j})" for j in full)
             raise PeerStalled(f"{ranks} has not taken rank {self.comm.Get_rank()}'s gradient "
                               f"for {time.monotonic() - t0:.0f} s: that rank is frozen or dead")
