@@ -12,7 +12,7 @@
 #
 # A3C feed-forward (Mnih et al. 2016) on the 57 games of the A3C paper: one SLURM array task per
 # game, each 20 MPI ranks on one node = 16 actor-learners (the paper's 16 CPU threads) + 4
-# parameter-server ranks (derived from the world size), configs/a3c_pong.toml with the game
+# parameter-server ranks (derived from the world size), configs/a3c_paper.toml with the game
 # overridden. Submit from the repository root:
 #
 #   sbatch slurm/a3c_57games.sh                                     # all 57 games
@@ -33,7 +33,7 @@
 # More tasks than cores: add --overcommit. The signal comes 900 s before the time limit.
 #
 # Script settings (environment, see slurm/common.sh for all): HPCRL_CONFIG (default
-# configs/a3c_pong.toml), HPCRL_SEED (0), HPCRL_RESULTS (results), HPCRL_PYTHON (.venv/bin/python
+# configs/a3c_paper.toml), HPCRL_SEED (0), HPCRL_RESULTS (results), HPCRL_PYTHON (.venv/bin/python
 # of the repo), HPCRL_LAUNCHER (mpiexec: the mpich wheel's, | srun: cluster MPI via
 # srun --mpi=pmi2), HPCRL_ROOT (default: the submit directory), HPCRL_DRY_RUN=1 with
 # HPCRL_TASK_ID=N to print task N's game, layout and command without running anything.
@@ -43,7 +43,7 @@
 set -uo pipefail
 
 HPCRL_GAME_SET=a3c57
-HPCRL_DEFAULT_CONFIG=configs/a3c_pong.toml
+HPCRL_DEFAULT_CONFIG=configs/a3c_paper.toml
 HPCRL_DEFAULT_NTASKS=20    # keep equal to the --ntasks line above (used by dry runs only)
 
 _hpcrl_root() {
