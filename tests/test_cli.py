@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.util import ROOT, job_reported, mpiexec_path, rank_pid, run_mpi, signal_tree
+from tests.util import ROOT, mpiexec_path, rank_pid, run_mpi, signal_tree, wait_until_reported
 
 
 def test_dry_run_130_paper_layout():
@@ -114,10 +114,7 @@ def test_a_frozen_rank_during_a_checkpoint_is_named(tmp_path):
     with open(tmp_path / "out.log", "w") as out, open(tmp_path / "err.log", "w") as err:
         job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
     try:
-        deadline = time.monotonic() + 60
-        while not job_reported(tmp_path / "r"):
-            assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.2)
+        wait_until_reported(job, tmp_path / "r")
         os.kill(rank_pid(job.pid, 2), signal.SIGSTOP)
         t0 = time.monotonic()
         os.kill(rank_pid(job.pid, 0), signal.SIGUSR2)        # a checkpoint, on demand
@@ -153,10 +150,7 @@ def test_a_frozen_parameter_server_is_named_by_its_clients(tmp_path):
     with open(tmp_path / "err.log", "w") as err:
         job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        deadline = time.monotonic() + 60
-        while not job_reported(tmp_path / "r"):
-            assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.2)
+        wait_until_reported(job, tmp_path / "r")
         os.kill(rank_pid(job.pid, frozen), signal.SIGSTOP)
         t0 = time.monotonic()
         job.wait(timeout=60)
@@ -183,10 +177,7 @@ def test_checkpoint_on_demand_through_a_request_file(tmp_path):
     with open(tmp_path / "out.log", "w") as out:
         job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while not job_reported(run_dir):
-            assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.2)
+        wait_until_reported(job, run_dir)
         assert not list(run_dir.glob("checkpoints/gen-*"))
         (run_dir / "checkpoint.request").touch()
         deadline = time.monotonic() + 15

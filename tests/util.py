@@ -51,6 +51,14 @@ def job_reported(run_dir: Path, frames: int = 1) -> bool:
     return len(train["frames"]) > 0 and int(train["frames"][-1]) >= frames
 
 
+def wait_until_reported(job: subprocess.Popen, run_dir: Path, timeout_s: float = 60) -> None:
+    """Block until the running ``job`` has written a progress row to ``run_dir``'s metrics."""
+    deadline = time.monotonic() + timeout_s
+    while not job_reported(run_dir):
+        assert job.poll() is None and time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.2)
+
+
 def mpiexec_path() -> str:
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
