@@ -43,6 +43,25 @@ static int get_f32(PyObject *obj, Py_buffer *view, int writable, const char *nam
     return get_buf(obj, view, writable, name, "f", "float32");
 }
 
+/* theta_in, grad (float32, read), acc (acc_format, written), theta_out (float32, written):
+ * all four buffers or none (a failure releases those already taken and sets the error). */
+static int get_four(PyObject *o_in, PyObject *o_g, PyObject *o_acc, PyObject *o_out,
+                    Py_buffer *b, const char *acc_format, const char *acc_what) {
+    if (get_f32(o_in, &b[0], 0, "theta_in") < 0) return -1;
+    if (get_f32(o_g, &b[1], 0, "grad") < 0) { PyBuffer_Release(&b[0]); return -1; }
+    if (get_buf(o_acc, &b[2], 1, "acc", acc_format, acc_what) < 0) {
+        PyBuffer_Release(&b[0]); PyBuffer_Release(&b[1]); return -1;
+    }
+    if (get_f32(o_out, &b[3], 1, "theta_out") < 0) {
+        PyBuffer_Release(&b[0]); PyBuffer_Release(&b[1]); PyBuffer_Release(&b[2]); return -1;
+    }
+    return 0;
+}
+
+static void release_four(Py_buffer *b) {
+    for (int i = 0; i < 4; i++) PyBuffer_Release(&b[i]);
+}
+
 /* scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad) */
 static PyObject *scaled_step(PyObject *self, PyObject *args) {
     PyObject *o_in, *o_g, *o_acc, *o_out;
@@ -51,15 +70,9 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOfffp", &o_in, &o_g, &o_acc, &o_out, &decay, &eps, &lr,
                           &adagrad))
         return NULL;
-    Py_buffer b_in, b_g, b_acc, b_out;
-    if (get_f32(o_in, &b_in, 0, "theta_in") < 0) return NULL;
-    if (get_f32(o_g, &b_g, 0, "grad") < 0) { PyBuffer_Release(&b_in); return NULL; }
-    if (get_f32(o_acc, &b_acc, 1, "acc") < 0) {
-        PyBuffer_Release(&b_in); PyBuffer_Release(&b_g); return NULL;
-    }
-    if (get_f32(o_out, &b_out, 1, "theta_out") < 0) {
-        PyBuffer_Release(&b_in); PyBuffer_Release(&b_g); PyBuffer_Release(&b_acc); return NULL;
-    }
+    Py_buffer b[4];
+    if (get_four(o_in, o_g, o_acc, o_out, b, "f", "float32") < 0) return NULL;
+    Py_buffer b_in = b[0], b_g = b[1], b_acc = b[2], b_out = b[3];
     Py_ssize_t n = b_in.len / 4;
     PyObject *result = NULL;
     if (b_g.len / 4 != n || b_acc.len / 4 != n || b_out.len / 4 != n) {
@@ -89,8 +102,7 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
         result = Py_None;
         Py_INCREF(result);
     }
-    PyBuffer_Release(&b_in); PyBuffer_Release(&b_g);
-    PyBuffer_Release(&b_acc); PyBuffer_Release(&b_out);
+    release_four(b);
     return result;
 }
 
@@ -103,15 +115,9 @@ static PyObject *adagrad_step(PyObject *self, PyObject *args) {
     double eps, lr;
     if (!PyArg_ParseTuple(args, "OOOOdd", &o_in, &o_g, &o_acc, &o_out, &eps, &lr))
         return NULL;
-    Py_buffer b_in, b_g, b_acc, b_out;
-    if (get_f32(o_in, &b_in, 0, "theta_in") < 0) return NULL;
-    if (get_f32(o_g, &b_g, 0, "grad") < 0) { PyBuffer_Release(&b_in); return NULL; }
-    if (get_buf(o_acc, &b_acc, 1, "acc", "d", "float64") < 0) {
-        PyBuffer_Release(&b_in); PyBuffer_Release(&b_g); return NULL;
-    }
-    if (get_f32(o_out, &b_out, 1, "theta_out") < 0) {
-        PyBuffer_Release(&b_in); PyBuffer_Release(&b_g); PyBuffer_Release(&b_acc); return NULL;
-    }
+    Py_buffer b[4];
+    if (get_four(o_in, o_g, o_acc, o_out, b, "d", "float64") < 0) return NULL;
+    Py_buffer b_in = b[0], b_g = b[1], b_acc = b[2], b_out = b[3];
     Py_ssize_t n = b_in.len / 4;
     PyObject *result = NULL;
     if (b_g.len / 4 != n || b_acc.len / 8 != n || b_out.len / 4 != n) {
@@ -132,8 +138,7 @@ static PyObject *adagrad_step(PyObject *self, PyObject *args) {
         result = Py_None;
         Py_INCREF(result);
     }
-    PyBuffer_Release(&b_in); PyBuffer_Release(&b_g);
-    PyBuffer_Release(&b_acc); PyBuffer_Release(&b_out);
+    release_four(b);
     return result;
 }
 
