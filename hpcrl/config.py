@@ -90,8 +90,15 @@ class Config:
     momentum: float = _f(0.9, "momentum for optimizer = momentum", lo=0.0, hi=1.0)
     max_staleness: int = _f(50, "ps drops gradients computed from parameters this many updates old",
                             lo=0)
-    target_update_every: int = _f(10_000, "ps refreshes the target network every this many applied "
-                                  "updates (Gorila) / global agent steps (async methods)", lo=1)
+    target_update_every: int = _f(10_000, "the target network is refreshed every this many "
+                                  "target_update_unit", lo=1)
+    target_update_unit: str = _f("auto", "unit of target_update_every: updates (applied ps "
+                                 "updates: Gorila's N; the period in agent steps then depends on "
+                                 "the updates per agent step, e.g. split-mode learners vs actors) "
+                                 "| agent_steps (global agent steps over all actors, the async "
+                                 "methods' I_target; the same for every layout) | auto (Gorila "
+                                 "updates, async methods agent_steps)",
+                                 choices=("auto", "updates", "agent_steps"))
 
     # --- Gorila actor / learner / replay -----------------------------------------------------
     actor_sync_every: int = _f(16, "actor pulls behaviour parameters every this many agent steps "
@@ -157,6 +164,12 @@ class Config:
     run_dir_lease_s: float = _f(300.0, "a run directory's lease whose heartbeat is older than "
                                 "this many seconds is taken over (its job presumed dead); the "
                                 "holder rewrites it every tenth of this", gt=0.0)
+
+    def target_period_in_updates(self) -> bool:
+        """Whether ``target_update_every`` counts applied ps updates (else global agent steps)."""
+        if self.target_update_unit == "auto":
+            return self.algo == "gorila"
+        return self.target_update_unit == "updates"
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir.format(algo=self.algo, game=self.game, seed=self.seed))
@@ -227,6 +240,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.init != "torch" and cfg.algo != "a3c":
         raise ConfigError(f"{origin}: key 'init' = '{cfg.init}' applies to algo 'a3c' only "
                           f"(got '{cfg.algo}'); remove it")
+    if cfg.algo != "gorila" and cfg.target_update_unit == "updates":
+        raise ConfigError(f"{origin}: key 'target_update_unit' = 'updates' applies to algo "
+                          f"'gorila' only (the asynchronous methods count global agent steps)")
     if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
         raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "
                           f"replay_capacity ({cfg.replay_capacity})")
@@ -248,18 +264,35 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise ConfigError(f"{origin}: config file not found") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
-        for key, value in data.items():
-            if key in RETIRED:
-                continue
-            if isinstance(value, dict):
-                raise ConfigError(f"{origin}: key '{key}' is a table; hpcrl configs are flat "
-                                  "key = value files")
-            values[key] = _check_value(origin, key, value)
+        values = _checked_values(origin, data)
     for text in overrides:
         key, value = parse_override(text)
         values[key] = _check_value(f"--set {key}", key, value)
     cfg = Config(**values)
     _cross_checks(cfg, str(path) if path is not None else "config")
+    return cfg
+
+
+def _checked_values(origin: str, data: dict) -> dict[str, Any]:
+    values = {}
+    for key, value in data.items():
+        if key in RETIRED:
+            continue
+        if isinstance(value, dict):
+            raise ConfigError(f"{origin}: key '{key}' is a table; hpcrl configs are flat "
+                              "key = value files")
+        values[key] = _check_value(origin, key, value)
+    return values
+
+
+def loads_config(text: str, origin: str) -> Config:
+    """A config from TOML text (an exported policy's metadata carries its run's config so)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+    cfg = Config(**_checked_values(origin, data))
+    _cross_checks(cfg, origin)
     return cfg
 
 

@@ -10,7 +10,8 @@ import torch
 
 from hpcrl.agents.async_rl.learner import (AsyncLearner, actor_critic_bootstrap,
                                            actor_critic_outputs, clip_by_global_norm,
-                                           target_refresh_due, unroll_actor_critic)
+                                           unroll_actor_critic)
+from hpcrl.agents.base import target_refresh_due
 from hpcrl.agents.async_rl.rollout import Rollout, collect_rollout, next_obs_before_reset
 from hpcrl.bench.agents import phase_fraction
 from hpcrl.config import Config
@@ -339,3 +340,36 @@ def test_batched_rollout_ends_an_episode_in_one_env_only():
                               rollout.end_t[:, n:n + 1], rollout.a_tm1[:, n:n + 1],
                               q_t[:, n:n + 1], 0.99)
         np.testing.assert_array_equal(both[:, n], alone[:, 0])
+
+
+def test_target_network_pulls_again_until_every_shard_has_refreshed():
+    """Shards serve a refresh each in their own poll: a pull that finds shard 1 still on the old
+    target (versions [1, 0]) is repeated at the next step, and stops once they agree."""
+    from hpcrl.agents.base import TargetNetwork
+
+    class TwoShards:                      # what TargetNetwork reads of a 2-shard ParameterStore
+        def __init__(self):
+            self.tv, self.pulls = [0, 0], 0
+
+        def target_version(self):
+            return self.tv[0]
+
+        def pull_target(self, out):
+            self.pulls += 1
+            out[:] = self.tv[0]
+            return np.array(self.tv)
+
+    store = TwoShards()
+    target = TargetNetwork(store, torch.nn.Linear(2, 1))
+    target.refresh()
+    assert (store.pulls, target.version) == (1, 0)
+    target.refresh()
+    assert store.pulls == 1                               # nothing changed: no pull
+    store.tv = [1, 0]                                     # shard 0 refreshed, shard 1 not yet
+    target.refresh()
+    target.refresh()
+    assert (store.pulls, target.version) == (3, -1)       # pulled at each step meanwhile
+    store.tv = [1, 1]
+    target.refresh()
+    target.refresh()
+    assert (store.pulls, target.version) == (4, 1)

@@ -158,3 +158,32 @@ def test_learner_counts_outlier_and_nonfinite_drops():
     assert learner.gradient(batch(np.nan)) is None
     stats = learner.stats
     assert (stats.updates, stats.dropped_outlier, stats.dropped_nonfinite) == (10, 1, 1)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("unit", ["updates", "agent_steps"])
+def test_target_period_counts_its_unit(unit, tmp_path):
+    """With ``target_update_unit = updates`` the ps refreshes theta- every K applied updates
+    (Gorila's N); with ``agent_steps`` every K global agent steps, asked for by the actor whose
+    step crosses the multiple (DQN's C): the number of refreshes at the final checkpoint is
+    applied // K or frames // K (CartPole: one frame per agent step)."""
+    from hpcrl.io import checkpoint as ckpt
+    from hpcrl.tools.runfiles import checkpoint_generation
+
+    run_dir, every = tmp_path / "r", 300
+    proc, _ = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                          "--set", "total_frames=3000", "--set", f"run_dir={run_dir}",
+                          "--set", f"target_update_every={every}",
+                          "--set", f"target_update_unit={unit}"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    gen, manifest = checkpoint_generation(run_dir)
+    ps = ckpt.read_state(ckpt.rank_file(run_dir / "checkpoints", gen, 0))     # rank 0: the ps
+    refreshes, applied = int(ps["hdr/TV"]), int(ps["hdr/applied"])
+    requests = int(ps["hdr/target_requests"])
+    frames = int(manifest["frames"])
+    assert frames >= 3000 and applied > 0
+    if unit == "updates":
+        assert (refreshes, requests) == (applied // every, 0)
+    else:
+        assert requests == frames // every and refreshes == requests
+        assert applied // every != frames // every     # the two units differ in this run

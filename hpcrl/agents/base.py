@@ -1,5 +1,6 @@
 """Parts the workers of both families share: the defaults of the worker interface, the target
-network that follows the store's target copy, and torch's RNG state in a checkpoint."""
+network that follows the store's target copy and when a client asks for its refresh, and
+torch's RNG state in a checkpoint."""
 
 from __future__ import annotations
 
@@ -28,10 +29,17 @@ class WorkerBase:
         pass
 
 
+def target_refresh_due(steps_after: int, num_steps: int, every: int) -> bool:
+    """Whether adding ``num_steps`` to the global step counter (now ``steps_after``) crossed a
+    multiple of ``every`` (DQN's C, the asynchronous methods' I_target): exactly one rank's
+    addition crosses each multiple, so exactly one rank asks the ps for each refresh."""
+    return steps_after // every > (steps_after - num_steps) // every
+
+
 class TargetNetwork:
     """Keeps ``net`` equal to the store's target copy theta-: pulls it when its version
-    changes (Gorila: the ps refreshes every ``target_update_every`` updates; the asynchronous
-    value methods: every I_target global steps)."""
+    changes (refreshed every ``target_update_every`` applied updates or global agent steps,
+    ``target_update_unit``)."""
 
     def __init__(self, store: ParamSource, net: torch.nn.Module):
         self.store, self.net = store, net
@@ -39,10 +47,15 @@ class TargetNetwork:
         self.version = -1
 
     def refresh(self) -> None:
-        version = self.store.target_version()
-        if version != self.version:
-            self.store.pull_target(self.theta)
-            self.version = version
+        """Pull theta- when shard 0's target version changed, until every shard's agrees.
+
+        Each ps shard refreshes its part on its own (a refresh request is served in the
+        shard's own poll; shards whose versions drifted reach a multiple of N at different
+        updates), so a pull right after shard 0 refreshed may read other shards' old rows:
+        it is repeated at the next call until the shards' target versions are equal."""
+        if self.store.target_version() != self.version:
+            versions = np.asarray(self.store.pull_target(self.theta))
+            self.version = int(versions[0]) if np.all(versions == versions[0]) else -1
 
 
 def torch_rng_state() -> np.ndarray:

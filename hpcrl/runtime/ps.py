@@ -45,9 +45,9 @@ def run_ps(ctx: Context) -> None:
     the metrics and applies the early-stop rule."""
     assert_no_torch("ps")
     cfg = ctx.cfg
-    # Gorila refreshes the target every N applied updates; the async methods ask for it
-    # every I_target global steps (clients call request_target_refresh).
-    target_every = cfg.target_update_every if cfg.algo == "gorila" else 0
+    # Counted in applied updates (Gorila's N), the ps refreshes the target itself; counted in
+    # global agent steps, the client whose step crosses a multiple asks (request_target_refresh).
+    target_every = cfg.target_update_every if cfg.target_period_in_updates() else 0
     server = ShardServer(ctx.store, ctx.opt, max_staleness=cfg.max_staleness,
                          target_update_every=target_every)
     reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames,

@@ -181,8 +181,3 @@ class AsyncLearner:
         self.stats.updates += 1
         return grad
 
-
-def target_refresh_due(steps_after: int, num_steps: int, every: int) -> bool:
-    """Whether adding ``num_steps`` to the global step counter (now ``steps_after``) crossed a
-    multiple of ``every`` (I_target): exactly one rank's addition crosses each multiple."""
-    return steps_after // every > (steps_after - num_steps) // every

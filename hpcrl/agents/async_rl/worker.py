@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.agents.async_rl.learner import VALUE_METHODS, AsyncLearner, target_refresh_due
+from hpcrl.agents.async_rl.learner import VALUE_METHODS, AsyncLearner
 from hpcrl.agents.async_rl.rollout import collect_rollout
-from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, torch_rng_state
+from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, target_refresh_due, \
+    torch_rng_state
 from hpcrl.agents.evaluation import evaluate
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import StepResult, make_env_from_config

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hpcrl.agents.base import target_refresh_due
 from hpcrl.agents.evaluation import evaluate
 from hpcrl.config import Config
 from hpcrl.core import sub_state, with_prefix
@@ -56,6 +57,7 @@ class Actor:
         self.frames = store.word(Word.FRAMES)
         self.local_frames = self.steps = 0
         self.global_frames = self.frames.read()              # > 0 after a resume
+        self.target_in_steps = not cfg.target_period_in_updates()
         # Actors evaluate between training steps only when no evaluator ranks do it.
         self.next_eval = (cfg.eval_every_frames or None) if cfg.n_evaluators == 0 else None
         self.obs = self.env.reset()
@@ -100,6 +102,10 @@ class Actor:
         self.steps += 1
         self.local_frames += self.frames_per_step
         self.global_frames = self.frames.add(self.frames_per_step)
+        if self.target_in_steps and target_refresh_due(
+                self.global_frames // self.env.frames_per_step, self.env.num_envs,
+                self.cfg.target_update_every):
+            self.store.request_target_refresh()       # the period counted in global agent steps
         for i in range(self.env.num_envs):
             self.sink.add(i, int(actions[i]), float(res.reward[i]), bool(res.terminal[i]),
                           res.last_frame[i])
