@@ -89,7 +89,10 @@ def dry_run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config, args.set)
-        world = args.world_size or 1
+        world = args.world_size or int(os.environ.get("SLURM_NTASKS", "0") or 0)
+        if world < 1:
+            return _error("--dry-run needs --world-size N, the -n you will launch with "
+                          "(or SLURM_NTASKS inside an allocation)")
         layout = make_layout(world, cfg)
 
         n_params = count_params(cfg)

@@ -382,10 +382,13 @@ def test_plot_writes_non_blank_pngs(tree, tmp_path, capsys):
     assert code == 0
     names = sorted(p.name for p in out_dir.iterdir())
     assert names == ["curve_berzerk.png", "curve_breakout.png", "curve_pong.png",
-                     "hns_summary.png"]
+                     "hns_summary.png", "train_berzerk.png", "train_breakout.png",
+                     "train_pong.png"]
     for name in names:
         image = matplotlib.image.imread(out_dir / name)
-        if name.startswith("curve_"):
+        if name.startswith("train_"):
+            assert image.shape[:2] == (700, 700)
+        elif name.startswith("curve_"):
             assert image.shape[:2] == (450, 700)  # 7 x 4.5 inches at 100 dpi
         else:
             assert image.shape[0] == 450 and image.shape[1] >= 600
@@ -393,7 +396,47 @@ def test_plot_writes_non_blank_pngs(tree, tmp_path, capsys):
         non_white = np.mean(np.any(rgb < 0.9, axis=-1))
         assert 0.01 < non_white < 0.9, (name, non_white)  # drawn on, but not a solid block
         assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 10  # lines, text, colours
-    assert err.count("wrote") == 4
+    assert err.count("wrote") == 7
+
+
+def test_stats_and_hours_plots_with_performance_profiles(tree, tmp_path, capsys):
+    import matplotlib.image
+
+    out_dir = tmp_path / "plots"
+    code, out, err = _cli(capsys, tree, "--stats", "--reps", "500", "--x", "hours",
+                          "--plot", out_dir)
+    assert code == 0 and "IQM HNS [noop]" in out and "stratified bootstrap" in out
+    assert (out_dir / "profile.png").exists() and err.count("wrote") == 8
+    image = matplotlib.image.imread(out_dir / "profile.png")[..., :3]
+    assert 0.01 < np.mean(np.any(image < 0.9, axis=-1)) < 0.9
+
+
+def test_stats_numbers_on_synthetic_tree(tree, capsys):
+    report = _json_report(capsys, tree, "--stats", "--reps", "2000")
+    agg = {a["algo"]: a for a in report["aggregates"]}
+    a3c = agg["a3c"]
+    # run-game HNS: pong 3 seeds, breakout 1.0, berzerk 0.5; IQM of 5 cuts one from each end
+    pong = [(s + 20.7) / 35.3 for s in (18, 20, 16)]
+    assert (a3c["num_games"], a3c["num_runs"]) == (3, 5)
+    assert a3c["iqm"]["value"] == pytest.approx(np.mean(sorted(pong + [1.0, 0.5])[1:4]))
+    assert a3c["median"]["value"] == pytest.approx(1.0)
+    assert a3c["mean"]["value"] == pytest.approx((PONG_HNS + 1.0 + 0.5) / 3)
+    assert a3c["optimality_gap"]["value"] == pytest.approx(0.1)   # 1 - (0.5 + 4 x 1) / 5
+    for name in ("iqm", "median", "mean", "optimality_gap"):
+        assert a3c[name]["low"] <= a3c[name]["value"] <= a3c[name]["high"]
+    gorila = agg["gorila"]                   # one run of one game: nothing to resample
+    assert gorila["iqm"]["low"] == gorila["iqm"]["high"] == pytest.approx(30.7 / 35.3)
+
+
+def test_curve_against_hours_uses_the_wall_time_of_the_same_episodes():
+    run = analyze.RunResult("r", "a3c", "pong", 0, "finished",
+                            curve_frames=np.array([100, 200, 100, 300]),
+                            curve_returns=np.array([1.0, 5.0, 3.0, 7.0]),
+                            curve_wall_s=np.array([3600.0, 7200.0, 3700.0, 9000.0]))
+    x, y = analyze._curve(run, 2, "hours")
+    np.testing.assert_allclose(x, [3700 / 3600, 2.0, 2.5])     # the batch at 100 ends at 3700 s
+    np.testing.assert_allclose(y, [2.0, 4.0, 6.0])
+    assert analyze._curve(run, 2, "frames")[0].tolist() == [100, 200, 300]
 
 
 def test_milestones_by_hand():

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,32 @@ def test_dry_run_130_paper_layout():
     assert "world size 130: 30 ps, 100 actor-learner" in out
     assert "ps             ranks 0,4,8,13,17,21,26," in out
     assert "in 30 shards of" in out and "shard  29 on rank  125" in out
+
+
+
+def test_dry_run_without_a_world_size_says_which_option_it_needs():
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_NTASKS"}
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--dry-run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("hpcrl: error: --dry-run needs --world-size N, the -n you "
+                                   "will launch with (or SLURM_NTASKS inside an allocation)")
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--dry-run"], cwd=ROOT,
+                          env=dict(env, SLURM_NTASKS="3"), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "world size 3: 1 ps, 2 actor-learner" in proc.stdout
+
+
+def test_console_scripts_are_installed():
+    bindir = Path(sys.executable).parent
+    for name in ("hpcrl-run", "hpcrl-analyze", "hpcrl-play", "hpcrl-export", "hpcrl-diagnose"):
+        script = bindir / name
+        if not script.exists():
+            pytest.skip(f"{script} missing: this environment was installed before the console "
+                        "scripts existed (pip install -e . adds them)")
+        proc = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (name, proc.stderr)
 
 
 @pytest.mark.mpi

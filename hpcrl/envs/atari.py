@@ -82,6 +82,7 @@ class AtariEnv:
         self._stack = np.zeros((num_envs, *self.obs_shape), np.uint8)
         self._lives = np.zeros(num_envs, np.int64)
         self._episodes = Episodes(num_envs)
+        self.render_fps = 60 / frame_skip  # the ALE's 60 Hz, one picture per agent step
 
     # -- preprocessing ---------------------------------------------------------------------
     @staticmethod
@@ -139,6 +140,15 @@ class AtariEnv:
         self._stack[idx, -1] = self._resize(self._pooled[idx])
 
     # -- interface ---------------------------------------------------------------------------
+    @property
+    def action_ids(self) -> list[int]:
+        """ALE action number of each of the agent's actions (the game's minimal action set)."""
+        return [int(a.value) for a in self._action_set]
+
+    def render_rgb(self, i: int = 0) -> np.ndarray:
+        """[210, 160, 3] uint8: env ``i``'s current screen in colour (for videos)."""
+        return self._ales[i].getScreenRGB()
+
     def reset(self) -> np.ndarray:
         """Start a new game in every env. Returns obs [N, stack, 84, 84] uint8 (zeros + 1 frame)."""
         self._reset_envs(np.arange(self.num_envs))

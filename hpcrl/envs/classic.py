@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from hpcrl.envs.base import Episodes, StepResult, check_actions
@@ -64,6 +66,31 @@ class ClassicControlEnv:
         reward = np.clip(raw, -1.0, 1.0) if self.clip_rewards else raw.copy()
         return StepResult(self._obs.copy(), last_frame, reward, raw, game_over.copy(), episode_end,
                           episode_return, episode_frames)
+
+    @property
+    def action_ids(self) -> list[int]:
+        return list(range(self.num_actions))
+
+    @property
+    def render_fps(self) -> float:
+        return float(self._envs[0].metadata.get("render_fps", 50))
+
+    def render_rgb(self, i: int = 0) -> np.ndarray:
+        """[H, W, 3] uint8 picture of env ``i`` (gymnasium's renderer, which needs pygame)."""
+        import gymnasium
+
+        # an off-screen picture needs no display: SDL's dummy driver, and no pygame banner
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+        env = self._envs[i]
+        env.render_mode = "rgb_array"
+        try:
+            picture = env.render()
+        except gymnasium.error.DependencyNotInstalled:
+            raise ImportError(f"rendering {self.game} needs pygame") from None
+        if picture is None:
+            raise RuntimeError("render_rgb before reset: the environment has no state yet")
+        return np.asarray(picture, np.uint8)
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Physics state, each env's RNG, counters and current observations."""

@@ -113,29 +113,40 @@ def generations(root: Path) -> list[int]:
     return sorted(gens)
 
 
-def verify(root: Path, gen: int, check_hash: bool = True) -> dict:
-    """The manifest of ``gen`` if every listed file is intact, else CheckpointError."""
+def verify(root: Path, gen: int, check_hash: bool = True, roles: set[str] | None = None
+           ) -> dict:
+    """The manifest of ``gen`` if every listed file is intact, else CheckpointError.
+
+    ``roles``: check only the files of ranks with these roles (the offline tools read the ps
+    files only, and hashing a Gorila generation's replay memories would read gigabytes)."""
     manifest = read_manifest(root, gen)
-    for entry in manifest["files"]:
-        path = gen_dir(root, gen) / entry["file"]
+    try:
+        entries = [e for e, role in zip(manifest["files"], manifest.get(
+            "roles", [None] * len(manifest["files"]))) if roles is None or role in roles]
+        entries = [(e["file"], e["bytes"], e["sha256"]) for e in entries]
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(f"{gen_dir(root, gen) / MANIFEST}: malformed manifest "
+                              f"({exc!r})") from None
+    for file, size, digest in entries:
+        path = gen_dir(root, gen) / file
         if not path.exists():
             raise CheckpointError(f"{path}: missing")
-        if path.stat().st_size != entry["bytes"]:
-            raise CheckpointError(f"{path}: truncated ({path.stat().st_size} of "
-                                  f"{entry['bytes']} bytes)")
-        if check_hash and sha256(path) != entry["sha256"]:
+        if path.stat().st_size != size:
+            raise CheckpointError(f"{path}: truncated ({path.stat().st_size} of {size} bytes)")
+        if check_hash and sha256(path) != digest:
             raise CheckpointError(f"{path}: corrupted (SHA-256 differs from the manifest)")
     return manifest
 
 
-def latest_complete(root: Path, warn=print) -> tuple[int, dict] | None:
-    """Newest generation whose manifest and files are intact; older ones on failure, with a
-    warning for each generation skipped."""
+def latest_complete(root: Path, warn=print, roles: set[str] | None = None
+                    ) -> tuple[int, dict] | None:
+    """Newest generation whose manifest and files (of ``roles``, see :func:`verify`) are
+    intact; older ones on failure, with a warning for each generation skipped."""
     for gen in reversed(generations(root)):
         if not (gen_dir(root, gen) / MANIFEST).exists():
             continue                               # never completed: does not count
         try:
-            return gen, verify(root, gen)
+            return gen, verify(root, gen, roles=roles)
         except CheckpointError as exc:
             warn(f"hpcrl: warning: skipping checkpoint generation {gen}: {exc}")
     return None

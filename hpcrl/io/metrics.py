@@ -334,7 +334,7 @@ class MetricsWriter:
             raise ValueError(f"MetricsWriter attrs lack {missing}")
         self._attrs = dict(attrs)
         if "hpcrl_version" not in self._attrs:
-            from hpcrl import __version__
+            from hpcrl.version import __version__
 
             self._attrs["hpcrl_version"] = __version__
         data = {group: _empty_columns(group) for group in GROUPS}

@@ -23,7 +23,7 @@ from typing import Callable
 
 from mpi4py import MPI
 
-from hpcrl import __version__
+from hpcrl.version import __version__
 from hpcrl.config import Config, ConfigError
 from hpcrl.core import Worker
 from hpcrl.runtime import hooks, sizing, watchdog

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from hpcrl import __version__
+from hpcrl.version import __version__
 from hpcrl.config import Config, to_toml
 from hpcrl.core import STATS_FIELDS
 from hpcrl.io.metrics import MetricsWriter

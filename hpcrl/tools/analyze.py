@@ -294,6 +294,7 @@ class RunResult:
     curve_frames: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     curve_returns: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     curve_wall_s: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    train: dict = field(default_factory=dict, repr=False)  # the metrics' train columns
 
 
 def _identity_from_path(path: Path) -> tuple[str, str, int | None]:
@@ -340,6 +341,7 @@ def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
         curve_frames=episodes["frames"],
         curve_returns=episodes["return"],
         curve_wall_s=episodes["wall_time"],
+        train=data["train"],
     )
 
 
@@ -431,6 +433,31 @@ def summary_rows(rows: Sequence[dict], protocol: str, columns: Sequence[str]) ->
     return out
 
 
+def hns_by_game(rows: Sequence[dict], algo: str) -> dict[str, list[float]]:
+    """{game: HNS of each scored seed} of one algorithm (the input of :mod:`.stats`)."""
+    out = {}
+    for r in rows:
+        values = [h for h in r["hns_per_seed"] if math.isfinite(h)]
+        if r["algo"] == algo and values:
+            out[r["game"]] = values
+    return out
+
+
+def aggregate_rows(rows: Sequence[dict], reps: int, seed: int = 0) -> list[dict]:
+    """Per algorithm: IQM, median, mean and optimality gap of its HNS over games and seeds,
+    each with a 95 % stratified-bootstrap interval (:func:`hpcrl.tools.stats.interval_estimates`)."""
+    from hpcrl.tools import stats
+
+    out = []
+    for algo in sorted({r["algo"] for r in rows}):
+        scores = hns_by_game(rows, algo)
+        if scores:
+            out.append(dict(algo=algo, num_games=len(scores),
+                            num_runs=sum(len(v) for v in scores.values()), reps=reps,
+                            **stats.interval_estimates(scores, reps=reps, seed=seed)))
+    return out
+
+
 def build_report(runs: Sequence[RunResult], protocol: str, columns: Sequence[str],
                  last_n: int) -> dict:
     """Everything the formatters print: settings, per-game rows, summaries, run list."""
@@ -445,8 +472,8 @@ def build_report(runs: Sequence[RunResult], protocol: str, columns: Sequence[str
                  for c in columns],
         games=rows,
         summary=summary_rows([r for r in rows if r["num_scored"]], protocol, columns),
-        runs=[{f.name: getattr(r, f.name) for f in fields(r) if not f.name.startswith("curve_")}
-              for r in runs],
+        runs=[{f.name: getattr(r, f.name) for f in fields(r)
+               if not f.name.startswith("curve_") and f.name != "train"} for r in runs],
         num_readable=len(readable),
     )
 
@@ -539,6 +566,17 @@ def comparison_table(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def aggregate_table(report: dict) -> tuple[list[str], list[list[str]]]:
+    def ci(a: dict) -> str:
+        return f"{_pct(a['value'])} [{_pct(a['low'])}, {_pct(a['high'])}]"
+
+    header = ["algo", "games", "runs", f"IQM {_hns_header(report['protocol'])}", "median",
+              "mean", "optimality gap"]
+    body = [[a["algo"], str(a["num_games"]), str(a["num_runs"]), ci(a["iqm"]), ci(a["median"]),
+             ci(a["mean"]), ci(a["optimality_gap"])] for a in report["aggregates"]]
+    return header, body
+
+
 _LEFT_ALIGNED = {"game", "algo", "seeds", "status", "vs column", "column reference"}
 
 
@@ -569,6 +607,11 @@ def _notes(report: dict) -> list[str]:
             c["starts"] != OUR_STARTS for c in report["columns"]):
         notes.append("! human-start numbers: hpcrl evaluates with no-op starts (human start "
                      "states are not public), so these comparisons are not like for like")
+    if report.get("aggregates"):
+        notes.append(f"IQM: mean of the middle 50 % of all seed-game HNS; median, mean: of the "
+                     f"per-game means; optimality gap: 1 - mean(min(HNS, 1)); [95 % stratified "
+                     f"bootstrap interval over seeds, {report['aggregates'][0]['reps']:,} "
+                     f"resamples] (Agarwal et al. 2021)")
     return notes
 
 
@@ -582,6 +625,8 @@ def format_report(report: dict, fmt: str) -> str:
     parts = [table(*game_table(report)), "", table(*summary_table(report))]
     if report["columns"]:
         parts += ["", table(*comparison_table(report))]
+    if report.get("aggregates"):
+        parts += ["", table(*aggregate_table(report))]
     bullet = "" if fmt == "text" else "- "
     parts += [""] + [bullet + n for n in _notes(report)]
     return "\n".join(parts) + "\n"
@@ -644,10 +689,29 @@ def learning_curve(frames: np.ndarray, returns: np.ndarray,
     return f[last_of_each], y[last_of_each]
 
 
-def plot_report(report: dict, runs: Sequence[RunResult], out_dir: str | os.PathLike) -> list[Path]:
-    """Writes `curve_<game>.png` per game (one line per algo and seed: mean of the last N
-    episodes vs frames; published scores of the compared columns as horizontal lines) and
-    `hns_summary.png` (HNS per game and algo). Returns the paths written."""
+X_AXES = {"frames": "env frames", "hours": "wall-clock hours (summed over restarts)"}
+
+
+def _curve(run: RunResult, window: int, x: str) -> tuple[np.ndarray, np.ndarray]:
+    """A run's learning curve against frames or hours (the wall time of the same episodes)."""
+    f, y = learning_curve(run.curve_frames, run.curve_returns, window)
+    if x == "frames":
+        return f.astype(np.float64), y
+    order = np.argsort(run.curve_frames, kind="stable")
+    frames_sorted, wall_sorted = run.curve_frames[order], run.curve_wall_s[order]
+    last = np.searchsorted(frames_sorted, f, side="right") - 1    # the point's last episode
+    return np.maximum.accumulate(wall_sorted[last]) / 3600, y
+
+
+def plot_report(report: dict, runs: Sequence[RunResult], out_dir: str | os.PathLike,
+                x: str = "frames") -> list[Path]:
+    """Writes, per game, `curve_<game>.png` (per algo: the seeds' mean of the last N episodes'
+    return with a 95 % bootstrap band over seeds, as far as every seed has reached; each seed a
+    thin line; published scores of
+    the compared columns as horizontal lines) and `train_<game>.png` (loss, frames/s and
+    dropped gradients per run); then `hns_summary.png` (HNS per game and algo) and, with
+    aggregates, `profile.png` (performance profiles). ``x``: "frames" or "hours". Returns
+    the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -661,28 +725,101 @@ def plot_report(report: dict, runs: Sequence[RunResult], out_dir: str | os.PathL
         if run.status != "unreadable" and run.curve_returns.size:
             by_game.setdefault(run.game, []).append(run)
     for game, game_runs in sorted(by_game.items()):
-        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-        for run in sorted(game_runs, key=lambda r: (r.algo, r.seed or 0)):
-            x, y = learning_curve(run.curve_frames, run.curve_returns, report["last_n"])
-            ax.plot(x, y, label=f"{run.algo} seed {run.seed} "
-                    f"({run.score_source or 'train'})")
-        for i, c in enumerate(report["columns"]):
-            value = published_scores()[c["column"]].get(game)
-            if value is not None:
-                ax.axhline(value, ls="--", lw=1, color=f"C{(i + 5) % 10}",
-                           label=f"{_column_header(c)}: {value:,.1f}")
-        ax.set(title=game, xlabel="env frames",
-               ylabel=f"return (mean of last {report['last_n']} episodes)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        written.append(out / f"curve_{game}.png")
-        fig.savefig(written[-1])
-        plt.close(fig)
+        written.append(_plot_curves(plt, report, game, game_runs, x, out / f"curve_{game}.png"))
+        if any(len(r.train.get("frames", ())) for r in game_runs):
+            written.append(_plot_train(plt, game, game_runs, x, out / f"train_{game}.png"))
     rows = [r for r in report["games"] if math.isfinite(r["hns"])]
     if rows:
         written.append(_plot_hns_bars(plt, rows, report["protocol"], out / "hns_summary.png"))
+    if report.get("aggregates"):
+        written.append(_plot_profiles(plt, report, out / "profile.png"))
     return written
+
+
+def _plot_curves(plt, report: dict, game: str, runs: list[RunResult], x: str, path: Path
+                 ) -> Path:
+    from hpcrl.tools.stats import mean_curve
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    algos = sorted({r.algo for r in runs})
+    for i, algo in enumerate(algos):
+        mine = sorted((r for r in runs if r.algo == algo), key=lambda r: r.seed or 0)
+        curves = [_curve(r, report["last_n"], x) for r in mine]
+        color = f"C{i}"
+        if len(mine) == 1:
+            ax.plot(*curves[0], color=color, label=f"{algo} seed {mine[0].seed} "
+                    f"({mine[0].score_source or 'train'})")
+            continue
+        for cx, cy in curves:
+            ax.plot(cx, cy, color=color, lw=0.6, alpha=0.35)
+        grid = np.linspace(0, min(c[0][-1] for c in curves), 200)   # where every seed is
+        mean, lo, hi = mean_curve([c[0] for c in curves], [c[1] for c in curves], grid)
+        ax.plot(grid, mean, color=color, lw=2, label=f"{algo}: mean of {len(mine)} seeds")
+        ax.fill_between(grid, lo, hi, color=color, alpha=0.2, lw=0)
+    for i, c in enumerate(report["columns"]):
+        value = published_scores()[c["column"]].get(game)
+        if value is not None:
+            ax.axhline(value, ls="--", lw=1, color=f"C{(i + 5) % 10}",
+                       label=f"{_column_header(c)}: {value:,.1f}")
+    ax.set(title=game, xlabel=X_AXES[x],
+           ylabel=f"return (mean of last {report['last_n']} episodes)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+TRAIN_PANELS = (("loss", "loss (mean since the last report)"),
+                ("frames_per_second", "env frames / s"),
+                ("dropped", "gradients dropped (stale + outlier + non-finite)"))
+
+
+def _plot_train(plt, game: str, runs: list[RunResult], x: str, path: Path) -> Path:
+    fig, axes = plt.subplots(len(TRAIN_PANELS), 1, figsize=(7, 7), dpi=100, sharex=True)
+    for run in sorted(runs, key=lambda r: (r.algo, r.seed or 0)):
+        t = run.train
+        if not len(t.get("frames", ())):
+            continue
+        xs = t["frames"] if x == "frames" else t["wall_time"] / 3600
+        values = dict(t, dropped=t["dropped_stale"] + t["dropped_outlier"]
+                      + t["dropped_nonfinite"])
+        for ax, (column, _) in zip(axes, TRAIN_PANELS):
+            ax.plot(xs, values[column], lw=1, label=f"{run.algo} seed {run.seed}")
+    for ax, (_, label) in zip(axes, TRAIN_PANELS):
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"{game}: training")
+    axes[0].legend(fontsize=7)
+    axes[-1].set_xlabel(X_AXES[x])
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _plot_profiles(plt, report: dict, path: Path) -> Path:
+    from hpcrl.tools.stats import performance_profile
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    top = max(max(r["hns_per_seed"] or [0.0]) for r in report["games"])
+    taus = np.linspace(0, max(1.0, 1.1 * top), 201)
+    for i, agg in enumerate(report["aggregates"]):
+        scores = hns_by_game(report["games"], agg["algo"])
+        profile, lo, hi = performance_profile(scores, taus)
+        ax.plot(100 * taus, profile, color=f"C{i}", label=f"{agg['algo']} "
+                f"({agg['num_games']} games, {agg['num_runs']} runs)")
+        ax.fill_between(100 * taus, lo, hi, color=f"C{i}", alpha=0.2, lw=0)
+    ax.axvline(100, color="k", ls="--", lw=1)
+    ax.set(xlabel=f"HNS % [{report['protocol']}] threshold tau",
+           ylabel="fraction of runs with HNS > tau", title="performance profile", ylim=(0, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _plot_hns_bars(plt, rows: list[dict], protocol: str, path: Path) -> Path:
@@ -726,7 +863,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="published columns to compare with, e.g. dqn_nature_noop,gorila_noop,"
                         "a3c_ff_human_starts")
     p.add_argument("--format", choices=["text", "markdown", "csv", "json"], default="text")
-    p.add_argument("--plot", metavar="DIR", help="write learning curves and an HNS bar chart")
+    p.add_argument("--plot", metavar="DIR", help="write learning curves, training plots and an "
+                   "HNS bar chart (and with --stats, performance profiles)")
+    p.add_argument("--x", choices=list(X_AXES), default="frames",
+                   help="x-axis of the plots: env frames (default) or wall-clock hours")
+    p.add_argument("--stats", action="store_true",
+                   help="IQM, median, mean and optimality gap of HNS over games and seeds, each "
+                        "with a 95%% stratified-bootstrap interval (Agarwal et al. 2021)")
+    p.add_argument("--reps", type=int, default=10_000, metavar="N",
+                   help="--stats: bootstrap resamples (default 10000)")
     p.add_argument("--milestones", metavar="R[,R...]", default="",
                    help="also print, per run, the frames and minutes until the mean return of 20 "
                         "episodes first reached each return R, e.g. --milestones=-15,0,10,18 for "
@@ -736,6 +881,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.last < 1:
         p.error("--last must be >= 1")
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
     args.columns = [c.strip() for c in args.compare.split(",") if c.strip()]
     try:
         args.milestones = [float(x) for x in args.milestones.split(",") if x.strip()]
@@ -764,11 +911,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if run.status == "unreadable":
             print(f"hpcrl.analyze: unreadable run: {run.error}", file=sys.stderr)
     report = build_report(runs, args.protocol, args.columns, args.last)
+    if args.stats:
+        report["aggregates"] = aggregate_rows(report["games"], args.reps)
+        if not report["aggregates"]:
+            print("hpcrl.analyze: --stats: no Atari game with a human-normalised score to "
+                  "aggregate", file=sys.stderr)
+        elif args.format == "csv":
+            print("hpcrl.analyze: --stats: the csv format holds the per-game table only; "
+                  "use --format json for the aggregates", file=sys.stderr)
     sys.stdout.write(format_report(report, args.format))
     if args.milestones:
         sys.stdout.write("\n" + milestone_table(runs, args.milestones) + "\n")
     if args.plot:
-        for path in plot_report(report, runs, args.plot):
+        for path in plot_report(report, runs, args.plot, args.x):
             print(f"hpcrl.analyze: wrote {path}", file=sys.stderr)
     return 0 if report["num_readable"] else 1
 

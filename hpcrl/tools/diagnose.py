@@ -33,11 +33,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import h5py
 import numpy as np
 
 from hpcrl.io import checkpoint as ckpt
-from hpcrl.runtime.reshard import PS  # the ps role name in a manifest's roles
+from hpcrl.tools import runfiles
 
 STATISTICS = ("v", "G")  # RMSProp (shared or per client), AdaGrad
 WHAT_ZERO_MEANS = {"v": "no gradient for thousands of updates", "G": "never a gradient"}
@@ -89,45 +88,29 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
 def _ps_statistics(run_dir: Path) -> tuple[int, dict, np.ndarray, str]:
     """(generation, manifest, statistics over all ps shards, their name) of the newest
     complete checkpoint."""
-    root = run_dir / "checkpoints"
-    found = ckpt.latest_complete(root, warn=lambda msg: print(msg, file=sys.stderr))
-    if found is None:
-        raise DiagnoseError(f"{run_dir}: no complete checkpoint generation under {root}")
-    gen, manifest = found
-    if not {"files", "roles", "frames"} <= manifest.keys():
-        raise DiagnoseError(f"{ckpt.gen_dir(root, gen)}: manifest lacks files, roles or frames")
-    files = [e["file"] for e, role in zip(manifest["files"], manifest["roles"]) if role == PS]
-    shards, name = [], None
-    for file in files:
-        with h5py.File(ckpt.gen_dir(root, gen) / file, "r") as f:
-            name = name or next((s for s in STATISTICS if f"opt/{s}" in f), None)
-            if name is None or f"opt/{name}" not in f:
-                raise DiagnoseError(f"{file}: the ps optimiser keeps no per-parameter statistic "
-                                   "(RMSProp v or AdaGrad G) to inspect")
-            shards.append(f[f"opt/{name}"][...])
-    return gen, manifest, np.concatenate(shards, axis=-1), name
+    gen, manifest = runfiles.checkpoint_generation(run_dir)
+    name = next((s for s in STATISTICS
+                 if runfiles.has_dataset(run_dir, gen, manifest, f"opt/{s}")), None)
+    if name is None:
+        raise DiagnoseError(f"{run_dir}: the ps optimiser keeps no per-parameter statistic "
+                            "(RMSProp v or AdaGrad G) to inspect")
+    return gen, manifest, runfiles.ps_array(run_dir, gen, manifest, f"opt/{name}"), name
 
 
-def _tensors(run_dir: Path) -> tuple[list[tuple[str, int]], object]:
-    from hpcrl.config import ConfigError, load_config
+def _tensors(cfg) -> list[tuple[str, int]]:
     from hpcrl.envs import env_spec
     from hpcrl.rl.networks import build_network
 
-    try:
-        cfg = load_config(run_dir / "config.toml")
-    except ConfigError as exc:
-        raise DiagnoseError(str(exc)) from None
     net = build_network(cfg, *env_spec(cfg))
-    return [(n, p.numel()) for n, p in net.named_parameters()], cfg
+    return [(n, p.numel()) for n, p in net.named_parameters()]
 
 
 def diagnose_run(run_dir: str | Path) -> dict:
     """The report of ``python -m hpcrl.diagnose`` as a dict (see ``zero_fractions``)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
-        raise DiagnoseError(f"{run_dir}: not a run directory (no config.toml)")
+    cfg = runfiles.load_run_config(run_dir)
     gen, manifest, stat, name = _ps_statistics(run_dir)
-    tensors, cfg = _tensors(run_dir)
+    tensors = _tensors(cfg)
     return {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),
             "algo": cfg.algo, "game": cfg.game, "optimizer": cfg.optimizer, "statistic": name,
             "optim_eps": cfg.optim_eps, "tensors": zero_fractions(tensors, stat, cfg.optim_eps)}
@@ -158,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         report = diagnose_run(args.run_dir)
-    except (DiagnoseError, ckpt.CheckpointError, OSError) as exc:
+    except (DiagnoseError, runfiles.RunFilesError, ckpt.CheckpointError, OSError) as exc:
         print(f"hpcrl.diagnose: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(json.dumps(report) + "\n" if args.format == "json" else format_text(report))
