@@ -689,6 +689,13 @@ def learning_curve(frames: np.ndarray, returns: np.ndarray,
     return f[last_of_each], y[last_of_each]
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 X_AXES = {"frames": "env frames", "hours": "wall-clock hours (summed over restarts)"}
 
 
@@ -765,10 +772,7 @@ def _plot_curves(plt, report: dict, game: str, runs: list[RunResult], x: str, pa
            ylabel=f"return (mean of last {report['last_n']} episodes)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 TRAIN_PANELS = (("loss", "loss (mean since the last report)"),
@@ -793,10 +797,7 @@ def _plot_train(plt, game: str, runs: list[RunResult], x: str, path: Path) -> Pa
     axes[0].set_title(f"{game}: training")
     axes[0].legend(fontsize=7)
     axes[-1].set_xlabel(X_AXES[x])
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _plot_profiles(plt, report: dict, path: Path) -> Path:
@@ -816,10 +817,7 @@ def _plot_profiles(plt, report: dict, path: Path) -> Path:
            ylabel="fraction of runs with HNS > tau", title="performance profile", ylim=(0, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _plot_hns_bars(plt, rows: list[dict], protocol: str, path: Path) -> Path:
@@ -837,10 +835,7 @@ def _plot_hns_bars(plt, rows: list[dict], protocol: str, path: Path) -> Path:
     ax.set_xticks(range(len(games)), games, rotation=60, ha="right", fontsize=8)
     ax.set(ylabel=f"HNS % [{protocol}]", title="human-normalised score per game")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 # ---------------------------------------------------------------------------------------------

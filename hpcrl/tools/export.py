@@ -31,6 +31,7 @@ from typing import Sequence
 
 from hpcrl.io.metrics import COLUMNS, GROUPS, MetricsError, read_metrics
 from hpcrl.io.tbevents import EventFileWriter
+from hpcrl.tools.analyze import DEFAULT_STALE_AFTER_S, run_status
 
 
 class ExportError(RuntimeError):
@@ -89,15 +90,15 @@ class TensorBoardExport:
 
 
 #: --follow gives up on a run whose status says running but whose heartbeat is older (its job
-#: was killed without a chance to say so), as ``hpcrl.analyze`` calls such a run stale.
-STALE_AFTER_S = 600.0
+#: was killed without a chance to say so): what ``hpcrl.analyze`` calls a stale run.
+STALE_AFTER_S = DEFAULT_STALE_AFTER_S
 #: --follow: consecutive failed reads (a file locked for seconds, a torn SWMR read) tolerated.
 FOLLOW_READ_RETRIES = 10
 
 
 def _still_running(metrics: dict, now_unix: float) -> bool:
-    return (metrics["status"] == "running"
-            and now_unix - metrics["heartbeat_unix"] <= STALE_AFTER_S)
+    return run_status(metrics["status"], metrics["heartbeat_unix"], now_unix,
+                      STALE_AFTER_S) == "running"
 
 
 def export_tensorboard(run_dir: Path, out_dir: Path, follow: bool = False, every_s: float = 30.0,

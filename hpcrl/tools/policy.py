@@ -26,8 +26,8 @@ import torch
 
 from hpcrl.version import __version__
 from hpcrl.config import Config, ConfigError, loads_config, to_toml
-from hpcrl.rl.networks import build_network, reset_lstm_state
-from hpcrl.rl.policies import epsilon_greedy, sample_from_logits
+from hpcrl.rl.acting import ActorCriticPolicy, FixedEpsilonPolicy
+from hpcrl.rl.networks import build_network
 from hpcrl.runtime.params.layout import ParamLayout
 from hpcrl.tools import runfiles
 
@@ -44,6 +44,15 @@ class Source:
     frames: int
 
 
+class GreedyActorCriticPolicy(ActorCriticPolicy):
+    """A3C's most probable action instead of a sample (the LSTM state carried the same way)."""
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            logits, _, self.state = self.forward(torch.from_numpy(obs), self.state)
+        return np.argmax(logits.numpy(), axis=1)
+
+
 class Policy:
     """A network with the run's acting rule (see the module docstring)."""
 
@@ -55,34 +64,38 @@ class Policy:
         self.epsilon = cfg.eval_epsilon if epsilon is None else float(epsilon)
         self.greedy = greedy
         self.rng = np.random.default_rng(seed)
-        self.state, self._batch = None, 0
+        self._acting, self._batch = None, 0
 
     @property
     def num_actions(self) -> int:
         return len(self.action_ids)
 
+    @property
+    def state(self):
+        """The LSTM state (h, c), or None."""
+        return self._acting.state if self._acting is not None else None
+
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Actions [N] (indices into ``action_ids``) for observations [N, *obs_shape]."""
-        obs = np.asarray(obs)
+        """Actions [N] (indices into ``action_ids``) for observations [N, *obs_shape], by the
+        evaluator's rules (:func:`hpcrl.agents.evaluation.evaluation_policy`)."""
+        obs = np.ascontiguousarray(obs)
         if obs.shape[1:] != self.obs_shape:
             raise ValueError(f"observations must have shape [N, {', '.join(map(str, self.obs_shape))}]"
                              f", got {list(obs.shape)}")
-        x = torch.from_numpy(np.ascontiguousarray(obs))
-        with torch.no_grad():
-            if self.config.algo != "a3c":
-                return np.asarray(epsilon_greedy(self.module(x).numpy(), self.epsilon, self.rng))
-            if self._batch != len(obs):                # first call, or another batch size
-                self.state, self._batch = self.module.initial_state(len(obs)), len(obs)
-            logits, _, self.state = self.module(x, self.state)
-        logits = logits.numpy()
-        if self.greedy:
-            return np.argmax(logits, axis=1)
-        return sample_from_logits(logits, self.rng.random(len(obs)))
+        if self._batch != len(obs):                    # first call, or another batch size
+            self._acting, self._batch = self._acting_rule(len(obs)), len(obs)
+        return np.asarray(self._acting.act(obs))
+
+    def _acting_rule(self, num_envs: int):
+        if self.config.algo != "a3c":
+            return FixedEpsilonPolicy(self.module, self.epsilon, self.rng)
+        kind = GreedyActorCriticPolicy if self.greedy else ActorCriticPolicy
+        return kind(self.module, num_envs, self.rng)
 
     def episode_end(self, end: np.ndarray) -> None:
         """Zero the LSTM state of the environments whose episode ended."""
-        if self.state is not None:
-            self.state = reset_lstm_state(self.state, np.asarray(end, bool))
+        if self._acting is not None:
+            self._acting.episode_end(np.asarray(end, bool))
 
     def metadata(self) -> dict:
         """The JSON written beside an exported ``state_dict``: enough to use it elsewhere."""
