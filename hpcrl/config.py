@@ -84,6 +84,10 @@ class Config:
     rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
     optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots (0 would divide "
                           "by 0 wherever a parameter had no gradient yet)", gt=0.0)
+    adagrad_warmup_updates: int = _f(0, "adagrad: start each shard's G at this many times its "
+                                     "mean squared first gradient, so that steps are about "
+                                     "lr / sqrt(this + updates) per weight from the first one "
+                                     "(0 = G starts at 0, as the paper)", lo=0)
     rmsprop_bias_correction: bool = _f(False, "rmsprop_shared: divide the statistic by "
                                        "1 - decay^t (Adam's correction), so that the first "
                                        "steps are not up to 10x the learning rate")
@@ -110,6 +114,9 @@ class Config:
                               "1 M per actor (configs/gorila_paper.toml)", lo=1)
     replay_min_fill: int = _f(50_000, "transitions in a replay memory before learning starts", lo=1)
     batch_size: int = _f(32, "minibatch size in transitions", lo=1)
+    n_step: int = _f(1, "Gorila: learn from n-step returns sampled from replay (each stops at "
+                     "a terminal, its episode's end or the newest step; 1 = DQN's one-step "
+                     "target; 3 in Rainbow)", lo=1, hi=100)
     update_every: int = _f(4, "bundled mode: one learner update per this many agent steps", lo=1)
     loss: str = _f("huber", "DQN loss on the TD error: huber | clip", choices=("huber", "clip"))
     outlier_k: float = _f(5.0, "drop gradients whose |loss| > running mean + k std (Gorila); 0 = off",
@@ -234,6 +241,12 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.algo != "gorila" and cfg.mode != "bundled":
         raise ConfigError(f"{origin}: key 'mode' must be 'bundled' for algo '{cfg.algo}' "
                           "(asynchronous methods run actor-learner ranks)")
+    if cfg.n_step != 1 and cfg.algo != "gorila":
+        raise ConfigError(f"{origin}: key 'n_step' applies to algo 'gorila' only (the "
+                          f"asynchronous methods' n is t_max); remove it")
+    if cfg.adagrad_warmup_updates and cfg.optimizer != "adagrad":
+        raise ConfigError(f"{origin}: key 'adagrad_warmup_updates' applies to optimizer "
+                          f"'adagrad' only (got '{cfg.optimizer}'); remove it")
     if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
         raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
                           f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")

@@ -44,13 +44,14 @@ def test_size_mismatch_is_an_error():
         zero_fractions([("w", 4)], np.zeros(3, np.float32))
 
 
-def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=False):
+def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=False,
+               counts=None, sets=()):
     """A run directory with config.toml and one complete checkpoint generation: n_ps ps shards
     of the 55-float statistic (zeros: all of torso.0.bias, 8 of torso.2.weight's 16) and one
     actor-learner file."""
     run = tmp_path / "run"
     run.mkdir()
-    cfg = load_config("configs/a3c_cartpole.toml", ["mlp_hidden=4"])
+    cfg = load_config("configs/a3c_cartpole.toml", ["mlp_hidden=4", *sets])
     (run / "config.toml").write_text(to_toml(cfg))
     stat = np.ones(N, np.float32)
     stat[16:20] = 0.0                    # torso.0.bias: every unit of the first layer dead
@@ -58,8 +59,10 @@ def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=Fal
     root = run / "checkpoints"
     files = []
     for i, part in enumerate(np.array_split(stat, n_ps)):
-        files.append(ckpt.write_state(ckpt.rank_file(root, 1, i),
-                                      {"params": np.zeros_like(part), f"opt/{stat_name}": part}))
+        state = {"params": np.zeros_like(part), f"opt/{stat_name}": part}
+        if counts is not None:                  # AdaGrad's update count per shard
+            state["opt/n"] = np.int64(counts[i])
+        files.append(ckpt.write_state(ckpt.rank_file(root, 1, i), state))
     files.append(ckpt.write_state(ckpt.rank_file(root, 1, n_ps), {"rng": np.zeros(2)}))
     if corrupt:
         ckpt.rank_file(root, 1, 0).write_bytes(b"not hdf5")
@@ -93,6 +96,22 @@ def test_cli_on_an_adagrad_checkpoint_with_one_shard(tmp_path, capsys):
     assert report["optim_eps"] == 1e-5 and report["tensors"][-1]["above_eps"] == 43 / 55
     assert main([str(tmp_path / "run")]) == 0
     assert "statistic G is 0 (never a gradient;" in capsys.readouterr().out
+
+
+def test_adagrad_rms_gradient_per_update_by_hand(tmp_path, capsys):
+    """sqrt(G / (t0 + n)) per tensor, n from each shard: 55 statistics split 28 | 27 over two
+    shards that applied 3 and 7 updates, t0 = 4. G = 1 except the 12 zeros in shard 0, so
+    G / (t0 + n) is 1/7 on shard 0's 16 live values and 1/11 on shard 1's 27: the median of
+    all 55 (12 zeros, 27 x 1/11, 16 x 1/7) is the 28th value, 1/11."""
+    run = _write_run(tmp_path, stat_name="G", counts=[3, 7],
+                     sets=["optimizer=adagrad", "adagrad_warmup_updates=4"])
+    assert main([str(run), "--format", "json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["tensors"]}
+    assert rows["torso.0.weight"]["median_rms_grad"] == pytest.approx(7 ** -0.5)
+    assert rows["value_head.bias"]["median_rms_grad"] == pytest.approx(11 ** -0.5)
+    assert rows["all"]["median_rms_grad"] == pytest.approx(11 ** -0.5)
+    assert main([str(run)]) == 0
+    assert "median sqrt(G / updates)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("make, message", [

@@ -78,20 +78,28 @@ def test_pong_smoke_writes_metrics(tmp_path):
     assert row["published"] == {"dqn_nature_noop": 18.9}
 
 
+RMSPROP = ["optimizer=rmsprop_shared", "learning_rate=0.00025", "optim_eps=1e-5",
+           "rmsprop_decay=0.99", "adagrad_warmup_updates=0"]
+
+
 @pytest.mark.slow
-def test_cartpole_learns_within_100k_agent_steps(tmp_path):
+@pytest.mark.parametrize("sets", [[], RMSPROP], ids=["adagrad", "rmsprop"])
+def test_cartpole_learns_within_100k_agent_steps(sets, tmp_path):
     """Issue acceptance: mean of the last 20 training episodes >= 195 within 100,000 agent steps
-    over all actors (CartPole: one agent step = one frame). ``early_stop`` ends the run once
-    rank 0 sees the mark, which the episodes on disk must confirm."""
+    over all actors (CartPole: one agent step = one frame), with the config's AdaGrad (Gorila's
+    rule, warm-started G) and with DQN's RMSProp. ``early_stop`` ends the run once rank 0 sees
+    the mark, which the episodes on disk must confirm."""
     run_dir = tmp_path / "cp"
-    proc, wall = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
-                             "--set", f"run_dir={run_dir}", "--set", "early_stop=true"],
-                         timeout=900)
+    args = ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+            "--set", f"run_dir={run_dir}", "--set", "early_stop=true"]
+    for item in sets:
+        args += ["--set", item]
+    proc, wall = run_mpi(4, args, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     eps = read_metrics(run_dir / "metrics.h5")["episodes"]
     reached = first_frame_reaching(eps["frames"], eps["return"], 195.0)
-    print(f"gorila cartpole: reached 195 at frame {reached}, {len(eps['return'])} episodes, "
-          f"{wall:.0f} s")
+    print(f"gorila cartpole {sets}: reached 195 at frame {reached}, {len(eps['return'])} "
+          f"episodes, {wall:.0f} s")
     assert reached is not None and reached <= 100_000
 
 

@@ -74,6 +74,51 @@ def test_adagrad_accumulator_keeps_growing_past_float32(path):
     np.testing.assert_array_equal(out, np.float32(-1 / np.sqrt(2.0 ** 25 + 3)))
 
 
+def test_adagrad_warmup_starts_g_at_t0_mean_square_of_the_first_gradient(path):
+    """t0 = 4, first g = [1, 3]: mean g^2 = 5, so G = 4 * 5 + g^2 = [21, 29]; the second
+    gradient only adds its square."""
+    opt = ShardOptimizer("adagrad", 2, 1, eps=0.0, warmup_updates=4)
+    theta, out = np.zeros(2, np.float32), np.empty(2, np.float32)
+    opt.step(theta, np.array([1.0, 3.0], np.float32), out, 0.5, 0)
+    np.testing.assert_array_equal(opt.state["G"], [21.0, 29.0])
+    np.testing.assert_allclose(out, [-0.5 / np.sqrt(21), -1.5 / np.sqrt(29)], rtol=1e-6)
+    opt.step(theta, np.array([2.0, 0.0], np.float32), out, 0.5, 0)
+    np.testing.assert_array_equal(opt.state["G"], [25.0, 29.0])
+    np.testing.assert_allclose(out, [-1.0 / 5.0, 0.0], rtol=1e-6)
+    assert int(opt.state["n"]) == 2
+
+
+def test_adagrad_warmup_step_is_about_lr_over_sqrt_t0_plus_t(path):
+    """Gradients of one steady size: the t-th step per weight is lr / sqrt(t0 + t), the
+    schedule that lets lr / sqrt(t0) be set to DQN's step per weight."""
+    t0, lr = 100, 0.01
+    opt = ShardOptimizer("adagrad", 3, 1, eps=1e-12, warmup_updates=t0)
+    theta, out = np.zeros(3, np.float32), np.empty(3, np.float32)
+    g = np.array([1e-4, -1e-4, 1e-4], np.float32)
+    for t in range(1, 51):
+        opt.step(theta, g, out, lr, 0)
+        np.testing.assert_allclose(np.abs(out), lr / np.sqrt(t0 + t), rtol=1e-4)
+
+
+def test_adagrad_warmup_happens_once_across_a_restore():
+    """A restored shard that has taken updates does not warm up again; a checkpoint without
+    the update count restores as warmed up when its G is nonzero."""
+    opt = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
+    opt.step(np.zeros(2, np.float32), np.ones(2, np.float32), np.empty(2, np.float32), 1.0, 0)
+    other = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
+    other.set_state(opt.get_state())
+    other.step(np.zeros(2, np.float32), np.ones(2, np.float32), np.empty(2, np.float32), 1.0, 0)
+    np.testing.assert_array_equal(other.state["G"], [12.0, 12.0])
+    old = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
+    old.set_state({"G": np.array([3.0, 0.0])})
+    assert int(old.state["n"]) == 1
+    fresh = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
+    fresh.set_state({"G": np.zeros(2)})
+    assert int(fresh.state["n"]) == 0
+    with pytest.raises(ValueError, match="adagrad only"):
+        ShardOptimizer("rmsprop_shared", 2, 1, warmup_updates=10)
+
+
 def test_adagrad_restores_a_float32_accumulator():
     """Checkpoints written with a float32 G restore into the float64 one."""
     opt = ShardOptimizer("adagrad", 3, 1)
@@ -96,6 +141,7 @@ def test_state_round_trip_and_shape_check():
     other = ShardOptimizer("adagrad", 3, 1)
     other.set_state(opt.get_state())
     np.testing.assert_array_equal(other.state["G"], [1, 1, 1])
+    assert int(other.state["n"]) == 1
     with pytest.raises(ValueError, match="shape"):
         ShardOptimizer("adagrad", 4, 1).set_state(opt.get_state())
 

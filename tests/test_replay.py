@@ -211,6 +211,72 @@ def _reference_transitions(steps, capacity, stack):
     return sorted(rows)
 
 
+def test_n_step_returns_by_hand():
+    # n 3, gamma 0.5, stack 1:  1f 2 3 4* 5 | 11f 12 13 14 ^
+    #   into 2: 1 + 0.5 * 2 + 0.25 * 4 = 3, stops after the terminal 4*: discount 0, s_t [4]
+    #   into 3: 2 + 0.5 * 4 = 4, d 0;  into 4: 4, d 0
+    #   into 5: 8, the episode ends after one step: d = gamma^0 = 1, s_t [5]
+    #   into 12: 16 + 0.5 * 32 + 0.25 * 64 = 48, three steps: d = gamma^2 = 0.25, s_t [14]
+    #   into 13: 32 + 0.5 * 64 = 64, stops at the newest step: d 0.5;  into 14: 64, d 1
+    memory = ReplayMemory(20, (1,), np.float32, 1, 0, n_step=3, gamma=0.5)
+    _fill(memory, [("first", 1), (0, 1.0, False, 2), (1, 2.0, False, 3), (2, 4.0, True, 4),
+                   (0, 8.0, False, 5), ("first", 11), (1, 16.0, False, 12),
+                   (2, 32.0, False, 13), (0, 64.0, False, 14)])
+    assert _rows(_all_valid(memory)) == sorted([
+        ((1.0,), 0, 3.0, 0.0, (4.0,)), ((2.0,), 1, 4.0, 0.0, (4.0,)),
+        ((3.0,), 2, 4.0, 0.0, (4.0,)), ((4.0,), 0, 8.0, 1.0, (5.0,)),
+        ((11.0,), 1, 48.0, 0.25, (14.0,)), ((12.0,), 2, 64.0, 0.5, (14.0,)),
+        ((13.0,), 0, 64.0, 1.0, (14.0,))])
+
+
+def _reference_n_step(steps, capacity, stack, n, gamma):
+    """Slow reference for n-step returns: walk each episode's list of steps forward from each
+    valid transition (found by ``_reference_transitions``'s rule) until a terminal step, the
+    episode's last step or n steps."""
+    one_step = set(_reference_transitions(steps, capacity, stack))
+    episodes = []
+    for write, step in enumerate(steps, start=1):
+        if step[0] == "first":
+            episodes.append([write, []])
+        else:
+            episodes[-1][1].append((write,) + tuple(step[:3]))
+    rows = []
+    for start, ts in episodes:
+        def stack_at(w):
+            return tuple(float(x) if x >= start else 0.0 for x in range(w - stack + 1, w + 1))
+        for i, (write, action, reward, terminal) in enumerate(ts):
+            row = (stack_at(write - 1), action, float(np.float32(reward)),
+                   0.0 if terminal else 1.0, stack_at(write))
+            if row not in one_step:
+                continue
+            ret, m = 0.0, 0
+            while True:
+                w, _, r, term = ts[i + m]
+                ret += gamma ** m * float(np.float32(r))
+                m += 1
+                if term or m == n or i + m == len(ts):
+                    break
+            rows.append((stack_at(write - 1), action, float(np.float32(ret)),
+                         0.0 if term else float(np.float32(gamma ** (m - 1))), stack_at(w)))
+    return sorted(rows)
+
+
+@pytest.mark.parametrize("capacity,stack,n", [(50, 4, 3), (7, 1, 5), (13, 3, 2)])
+def test_n_step_agrees_with_slow_reference(capacity, stack, n):
+    rng = np.random.default_rng(100 + capacity)
+    steps = _random_steps(rng, num_steps=6 * capacity)
+    memory = ReplayMemory(capacity, (1,), np.float32, stack, 5, n_step=n, gamma=0.9)
+    for i, step in enumerate(steps):
+        _fill(memory, [step])
+        if i % 5 == 0 or i > len(steps) - 3:
+            expected = _reference_n_step(steps[:i + 1], capacity, stack, n, 0.9)
+            got = _rows(_all_valid(memory)) if memory.size else []
+            assert len(got) == len(expected)
+            for a, b in zip(got, expected):
+                assert a[0] == b[0] and a[1] == b[1] and a[4] == b[4]
+                assert a[2] == pytest.approx(b[2], rel=1e-5, abs=1e-5) and a[3] == b[3]
+
+
 @pytest.mark.parametrize("capacity,stack", [(50, 4), (7, 1), (13, 3)])
 def test_agrees_with_slow_reference(capacity, stack):
     rng = np.random.default_rng(capacity)

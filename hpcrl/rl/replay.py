@@ -27,6 +27,16 @@ episodes `size` stays a little below `capacity` (1% for 100-step episodes). Both
 can only sit in the `stack` oldest slots (see `size`), so `size` costs O(stack) and uniform
 sampling is rejection sampling over the ring, vectorised over the batch.
 
+n-step returns (``n_step`` > 1; Mnih et al. 2016 §4, the n-step target of DQN variants such as
+Rainbow, Hessel et al. 2018). The transition at slot `j` then runs m <= n steps: it stops after a
+terminal step, at its episode's end, and at the newest stored step, so
+
+    r_t = sum_{k<m} gamma^k reward[j+k],   discount_t = gamma^(m-1) if not terminal else 0,
+    s_t = the stacked state reached at slot j+m-1,
+
+and the learner's one-step target r_t + gamma discount_t max_a Q(s_t, a) is the m-step target
+r_t + gamma^m max_a Q(s_t, a) without knowing m. With n_step = 1 this is the table above.
+
 Differs from dopamine: terminal flags do not end episodes (only `add_first` does), the final frame
 of every episode is stored (so time-limit truncation can bootstrap), and no padding frames are
 written between episodes.
@@ -66,7 +76,7 @@ class ReplayMemory:
     """
 
     def __init__(self, capacity: int, frame_shape: tuple[int, ...], frame_dtype, stack: int,
-                 seed: int):
+                 seed: int, *, n_step: int = 1, gamma: float = 0.99):
         """Allocates the ring.
 
         Args:
@@ -75,9 +85,13 @@ class ReplayMemory:
             frame_dtype: dtype of frames, e.g. np.uint8 (Atari) or np.float32 (CartPole).
             stack: frames per observation (4 for Atari DQN, 1 for vector observations).
             seed: seed of the sampling random number generator.
+            n_step: steps per sampled return (1 = one-step transitions).
+            gamma: the discount of n-step returns (unused when n_step = 1).
         """
-        if capacity < 1 or stack < 1:
-            raise ValueError(f"capacity and stack must be >= 1, got {capacity}, {stack}")
+        if capacity < 1 or stack < 1 or n_step < 1:
+            raise ValueError(f"capacity, stack and n_step must be >= 1, got {capacity}, {stack}, "
+                             f"{n_step}")
+        self._n_step, self._gamma = int(n_step), float(gamma)
         self._capacity = int(capacity)
         self._stack = int(stack)
         self._frame_shape = tuple(int(d) for d in frame_shape)
@@ -247,21 +261,42 @@ class ReplayMemory:
 
     def _transitions_at(self, slots: np.ndarray) -> Transition:
         """Rebuilds the transitions at `slots` (all valid), zero-padding before episode start."""
-        offsets = np.arange(self._stack, -1, -1)  # stack .. 0 frames back from the slot.
-        frame_slots = (slots[:, None] - offsets[None, :]) % self._num_slots  # [B, stack + 1]
-        padding = offsets[None, :] > self._pos[slots][:, None]  # Before the episode's first frame.
-        # Two gathers straight into the two outputs: cheaper than one gather plus two copies.
-        s_tm1 = self._frames[frame_slots[:, :-1]]  # [B, stack, *frame_shape]
-        s_tm1[padding[:, :-1]] = 0
-        s_t = self._frames[frame_slots[:, 1:]]
-        s_t[padding[:, 1:]] = 0
-        return Transition(
-            s_tm1=s_tm1,
-            a_tm1=self._actions[slots].astype(np.int64),
-            r_t=self._rewards[slots].astype(np.float32),
-            discount_t=(~self._terminals[slots]).astype(np.float32),
-            s_t=s_t,
-        )
+        if self._n_step > 1:
+            last, r_t, discount_t = self._n_step_returns(slots)
+        else:
+            last = slots
+            r_t = self._rewards[slots].astype(np.float32)
+            discount_t = (~self._terminals[slots]).astype(np.float32)
+        return Transition(s_tm1=self._stack_at(slots, 1), a_tm1=self._actions[slots].astype(np.int64),
+                          r_t=r_t, discount_t=discount_t, s_t=self._stack_at(last, 0))
+
+    def _stack_at(self, slots: np.ndarray, back: int) -> np.ndarray:
+        """[B, stack, *frame_shape]: the stacked state whose newest frame is `back` slots before
+        each of `slots`, zeros where a frame lies before its episode's first frame."""
+        offsets = np.arange(self._stack - 1 + back, back - 1, -1)  # Frames back from the slot.
+        frames = self._frames[(slots[:, None] - offsets[None, :]) % self._num_slots]
+        frames[offsets[None, :] > self._pos[slots][:, None]] = 0
+        return frames
+
+    def _n_step_returns(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the slot of each return's last step, r_t, discount_t) of up-to-n-step returns from
+        `slots` (see the module docstring): step k extends the return while the previous step
+        was not terminal and slot j+k is stored and continues j's episode."""
+        pos = self._pos[slots].astype(np.int64)
+        newer = (self._head - 1 - slots) % self._num_slots  # Slots written after each slot.
+        terminal = self._terminals[slots].copy()
+        r_t = self._rewards[slots].astype(np.float64)
+        last, steps = slots.copy(), np.ones(len(slots), np.int64)
+        go = np.ones(len(slots), np.bool_)
+        for k in range(1, self._n_step):
+            nxt = (slots + k) % self._num_slots
+            go &= ~terminal & (newer >= k) & (self._pos[nxt] == pos + k)
+            r_t += np.where(go, self._gamma ** k * self._rewards[nxt], 0.0)
+            last = np.where(go, nxt, last)
+            steps += go
+            terminal = np.where(go, self._terminals[nxt], terminal)
+        discount_t = np.where(terminal, 0.0, self._gamma ** (steps - 1))
+        return last, r_t.astype(np.float32), discount_t.astype(np.float32)
 
     def _num_retained(self) -> int:
         return min(self._num_slots_written, self._num_slots)

@@ -30,7 +30,8 @@ def make_optimizer(cfg: Config, store: ParameterStore) -> ShardOptimizer:
     """The update rule of this ps rank's shard."""
     return ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
                           decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum,
-                          bias_correction=cfg.rmsprop_bias_correction)
+                          bias_correction=cfg.rmsprop_bias_correction,
+                          warmup_updates=cfg.adagrad_warmup_updates)
 
 
 def assert_no_torch(role: str) -> None:
@@ -123,7 +124,8 @@ def run_replay(ctx: Context) -> None:
     n_streams = sum(1 for a in range(n_actors) if a % len(replays) == me) * cfg.envs_per_actor
     n_peers = n_actors + len(layout.ranks_of(Role.LEARNER))
     server = ReplayServer(ctx.rcomm, cfg.replay_capacity, cfg.replay_min_fill, frame_shape,
-                          frame_dtype, stack, n_streams, n_peers, ctx.seed)
+                          frame_dtype, stack, n_streams, n_peers, ctx.seed, n_step=cfg.n_step,
+                          gamma=cfg.gamma)
     if ctx.state is not None:
         server.set_state(ctx.state)
     server.serve(coord=ctx.coord, save_replay=cfg.checkpoint_replay)

@@ -130,7 +130,8 @@ class ReplayServer:
     """One replay rank: stores the chunks of its actors, answers learners' batch requests."""
 
     def __init__(self, comm: MPI.Comm, capacity: int, min_fill: int, frame_shape, frame_dtype,
-                 stack: int, n_streams: int, n_peers: int, seed: int):
+                 stack: int, n_streams: int, n_peers: int, seed: int, *, n_step: int = 1,
+                 gamma: float = 0.99):
         self.comm, self.min_fill = comm, min_fill
         self.frame_shape, self.frame_dtype, self.stack = tuple(frame_shape), frame_dtype, stack
         self.stream_capacity = max(capacity // max(n_streams, 1), 1)
@@ -138,6 +139,7 @@ class ReplayServer:
         self.n_peers, self.ended = n_peers, 0
         self.rng = np.random.default_rng(seed)
         self.seed = seed
+        self.n_step, self.gamma = n_step, gamma
         self.hdr = np.zeros(2, np.int64)
 
     @property
@@ -149,7 +151,8 @@ class ReplayServer:
         if key not in self.memories:
             self.memories[key] = ReplayMemory(self.stream_capacity, self.frame_shape,
                                               self.frame_dtype, self.stack,
-                                              self.seed + 7919 * len(self.memories))
+                                              self.seed + 7919 * len(self.memories),
+                                              n_step=self.n_step, gamma=self.gamma)
         return self.memories[key]
 
     def _take_chunk(self, src: int) -> None:

@@ -47,7 +47,7 @@ class DiagnoseError(RuntimeError):
 
 
 def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
-                   eps: float | None = None) -> list[dict]:
+                   eps: float | None = None, mean_sq: np.ndarray | None = None) -> list[dict]:
     """Per tensor, the share of its parameters whose statistic is exactly 0, and (given the
     optimiser's ``eps``) the share above eps with the median sqrt(statistic).
 
@@ -59,10 +59,12 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
         tensors: (name, number of parameters) in the flat vector's order.
         stat: [n] statistics, or [n_clients, n] per-client statistics (a parameter counts
             as zero only when it is zero for every client).
+        mean_sq: AdaGrad only, [n] G / (t0 + updates): the mean squared gradient per update,
+            whose square root is the step's divisor per unit of lr when G >> eps.
 
     Returns:
-        [{"name", "size", "zero", "fraction"[, "above_eps", "median_sqrt_stat"]}], one per
-        tensor, then one named "all".
+        [{"name", "size", "zero", "fraction"[, "above_eps", "median_sqrt_stat"]
+        [, "median_rms_grad"]}], one per tensor, then one named "all".
     """
     stat2 = np.atleast_2d(stat)
     zero = ~np.any(stat2 != 0, axis=0)
@@ -81,6 +83,8 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
             part = stat2[:, lo:hi]
             row["above_eps"] = float(np.mean(part > eps))
             row["median_sqrt_stat"] = float(np.sqrt(np.median(part)))
+        if mean_sq is not None and hi > lo:
+            row["median_rms_grad"] = float(np.sqrt(np.median(mean_sq[lo:hi])))
         rows.append(row)
     return rows
 
@@ -97,6 +101,16 @@ def _ps_statistics(run_dir: Path) -> tuple[int, dict, np.ndarray, str]:
     return gen, manifest, runfiles.ps_array(run_dir, gen, manifest, f"opt/{name}"), name
 
 
+def _adagrad_mean_square(run_dir: Path, gen: int, manifest: dict, warmup: int) -> np.ndarray | None:
+    """Per parameter, AdaGrad's G / (t0 + updates of its shard), or None for checkpoints
+    that hold no update count."""
+    if not runfiles.has_dataset(run_dir, gen, manifest, "opt/n"):
+        return None
+    G = runfiles.ps_arrays(run_dir, gen, manifest, "opt/G")
+    n = runfiles.ps_arrays(run_dir, gen, manifest, "opt/n")
+    return np.concatenate([g / max(int(k) + warmup, 1) for g, k in zip(G, n)])
+
+
 def _tensors(cfg) -> list[tuple[str, int]]:
     from hpcrl.envs import env_spec
     from hpcrl.rl.networks import build_network
@@ -111,9 +125,12 @@ def diagnose_run(run_dir: str | Path) -> dict:
     cfg = runfiles.load_run_config(run_dir)
     gen, manifest, stat, name = _ps_statistics(run_dir)
     tensors = _tensors(cfg)
+    mean_sq = (_adagrad_mean_square(run_dir, gen, manifest, cfg.adagrad_warmup_updates)
+               if name == "G" else None)
     return {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),
             "algo": cfg.algo, "game": cfg.game, "optimizer": cfg.optimizer, "statistic": name,
-            "optim_eps": cfg.optim_eps, "tensors": zero_fractions(tensors, stat, cfg.optim_eps)}
+            "optim_eps": cfg.optim_eps,
+            "tensors": zero_fractions(tensors, stat, cfg.optim_eps, mean_sq)}
 
 
 def format_text(report: dict) -> str:
@@ -124,12 +141,17 @@ def format_text(report: dict) -> str:
     width = max(len(r["name"]) for r in report["tensors"])
     eps = report.get("optim_eps")
     if eps is not None:
-        lines.append(f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above eps {eps:g} "
-                     f"(adaptive)   median sqrt(stat) vs sqrt(eps) {eps ** 0.5:.3g}")
+        head = (f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above eps {eps:g} "
+                f"(adaptive)   median sqrt(stat) vs sqrt(eps) {eps ** 0.5:.3g}")
+        if "median_rms_grad" in report["tensors"][0]:
+            head += "   median sqrt(G / updates)"
+        lines.append(head)
     for r in report["tensors"]:
         line = f"  {r['name']:<{width}} {r['size']:>12,} {100 * r['fraction']:6.1f} %"
         if "above_eps" in r:
-            line += f"   {100 * r['above_eps']:6.1f} %{'':14}   {r['median_sqrt_stat']:.3g}"
+            line += f"   {100 * r['above_eps']:6.1f} %{'':14}   {r['median_sqrt_stat']:<36.3g}"
+        if "median_rms_grad" in r:
+            line += f"   {r['median_rms_grad']:.3g}"
         lines.append(line)
     return "\n".join(lines) + "\n"
 

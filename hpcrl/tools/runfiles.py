@@ -59,9 +59,9 @@ def checkpoint_generation(run_dir: Path, generation: int | None = None) -> tuple
     return gen, manifest
 
 
-def ps_array(run_dir: Path, gen: int, manifest: dict, name: str) -> np.ndarray:
-    """Dataset ``name`` of every ps rank's file of generation ``gen``, concatenated along the
-    last axis: the whole flat vector (``params``, ``target``, ``opt/v``, ...)."""
+def ps_arrays(run_dir: Path, gen: int, manifest: dict, name: str) -> list[np.ndarray]:
+    """Dataset ``name`` of every ps rank's file of generation ``gen``, one array per shard in
+    rank order (a shard's scalar, such as an update count, as a 0-d array)."""
     gdir = ckpt.gen_dir(Path(run_dir) / "checkpoints", gen)
     files = [e["file"] for e, role in zip(manifest["files"], manifest["roles"]) if role == PS]
     if not files:
@@ -75,7 +75,13 @@ def ps_array(run_dir: Path, gen: int, manifest: dict, name: str) -> np.ndarray:
                 parts.append(f[name][...])
         except OSError as exc:
             raise RunFilesError(f"{gdir / file}: unreadable ({exc})") from None
-    return np.concatenate(parts, axis=-1)
+    return parts
+
+
+def ps_array(run_dir: Path, gen: int, manifest: dict, name: str) -> np.ndarray:
+    """Dataset ``name`` of every ps rank's file of generation ``gen``, concatenated along the
+    last axis: the whole flat vector (``params``, ``target``, ``opt/v``, ...)."""
+    return np.concatenate(ps_arrays(run_dir, gen, manifest, name), axis=-1)
 
 
 def has_dataset(run_dir: Path, gen: int, manifest: dict, name: str) -> bool:

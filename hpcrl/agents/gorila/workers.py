@@ -64,7 +64,8 @@ class BundleWorker(WorkerBase):
         self.env = make_env_from_config(cfg, n_env, ctx.seed, training=True)
         stack, frame_shape, dtype = frame_layout(self.env.obs_shape)
         self.replays = [ReplayMemory(max(cfg.replay_capacity // n_env, 1), frame_shape, dtype,
-                                     stack, ctx.seed + i) for i in range(n_env)]
+                                     stack, ctx.seed + i, n_step=cfg.n_step, gamma=cfg.gamma)
+                        for i in range(n_env)]
         self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, LocalReplaySink(self.replays),
                            env=self.env)
         target = build_network(cfg, self.env.obs_shape, self.env.num_actions)

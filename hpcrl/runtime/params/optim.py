@@ -9,6 +9,16 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
 * ``adagrad``:    G += g^2;  theta -= lr * g / sqrt(G + eps)  (Gorila, Nair et al. 2015 §4).
                   G is float64: it only grows, and in float32 G + g^2 == G once G / g^2
                   passes 2^24 (about 1.7e7 steps of similar size; Gorila's runs take more).
+                  ``warmup_updates`` = t0 > 0 starts G at t0 mean(g_1^2), the shard's mean
+                  squared first gradient, as if t0 updates of that size had been applied.
+                  AdaGrad's step on a parameter with gradients of steady size is then about
+                  lr / sqrt(t0 + t) after t updates instead of lr / sqrt(t): the first steps
+                  are not lr itself (a step of 0.05 per weight wrecks a network), and lr /
+                  sqrt(t0) can be set to DQN's step of ~1e-4..2.5e-4 per weight (RMSProp and
+                  Adam steps are about lr per weight). With G at 0 and a large eps instead,
+                  the rule is plain SGD at lr / sqrt(eps) wherever G < eps, which for Atari
+                  gradients of ~1e-4 is the whole run. ``n`` counts the shard's updates, so
+                  sqrt(G / (t0 + n)) is the rms gradient the step divides by.
 * ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
 * ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
@@ -47,11 +57,15 @@ class ShardOptimizer:
     """Optimiser state and update rule for one shard of ``size`` floats."""
 
     def __init__(self, kind: str, size: int, n_clients: int, *, decay: float = 0.99,
-                 eps: float = 0.1, momentum: float = 0.9, bias_correction: bool = False):
+                 eps: float = 0.1, momentum: float = 0.9, bias_correction: bool = False,
+                 warmup_updates: int = 0):
         if kind not in KINDS:
             raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
         if bias_correction and kind != "rmsprop_shared":
             raise ValueError(f"bias_correction applies to rmsprop_shared only, not {kind!r}")
+        if warmup_updates and kind != "adagrad":
+            raise ValueError(f"warmup_updates applies to adagrad only, not {kind!r}")
+        self.warmup_updates = int(warmup_updates)
         self.kind, self.decay, self.eps, self.momentum = kind, decay, eps, momentum
         self.bias_correction = bias_correction
         self._tmp = np.empty(size, np.float32)
@@ -61,6 +75,7 @@ class ShardOptimizer:
             self.state["m"] = np.zeros((n_clients, size), np.float32)
         elif kind == "adagrad":
             self.state["G"] = np.zeros(size, np.float64)
+            self.state["n"] = np.zeros((), np.int64)          # updates applied by this shard
             self._tmp64 = np.empty(size, np.float64)
         elif kind == "rmsprop_shared":
             self.state["v"] = np.zeros(size, np.float32)
@@ -119,7 +134,10 @@ class ShardOptimizer:
     def _adagrad_step(self, theta_in: np.ndarray, grad: np.ndarray, theta_out: np.ndarray,
                       lr: float, eps: float) -> None:
         """G += g^2 in float64; theta_out = theta_in - lr g / sqrt(G + eps) (float32 result)."""
-        G = self.state["G"]
+        G, n = self.state["G"], self.state["n"]
+        if n == 0 and self.warmup_updates:
+            G += self.warmup_updates * np.mean(np.square(grad, dtype=np.float64))
+        n += 1
         if self.fused:
             _kernels.adagrad_step(theta_in, grad, G, theta_out, eps, lr)
             return
@@ -136,6 +154,9 @@ class ShardOptimizer:
         return {k: v.copy() for k, v in self.state.items()}
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
+        if self.kind == "adagrad" and "n" not in state and "G" in state:
+            # checkpoints older than the update count: a nonzero G has seen its first update
+            state = {**state, "n": np.int64(bool(np.any(state["G"])))}
         for k, v in self.state.items():
             if k not in state or np.shape(state[k]) != v.shape:
                 raise ValueError(f"optimizer state '{k}' missing or of shape "
