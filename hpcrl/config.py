@@ -118,6 +118,11 @@ class Config:
                      "a terminal, its episode's end or the newest step; 1 = DQN's one-step "
                      "target; 3 in Rainbow)", lo=1, hi=100)
     update_every: int = _f(4, "bundled mode: one learner update per this many agent steps", lo=1)
+    split_update_every: int = _f(0, "split mode: the learners together apply at most one "
+                                 "update per this many global agent steps, waiting for the "
+                                 "actors (bundled mode's update_every, for comparing layouts "
+                                 "at one replay ratio); 0 = learn as fast as they can (the "
+                                 "paper)", lo=0)
     loss: str = _f("huber", "DQN loss on the TD error: huber | clip", choices=("huber", "clip"))
     outlier_k: float = _f(5.0, "drop gradients whose |loss| > running mean + k std (Gorila); 0 = off",
                           lo=0.0)
@@ -241,6 +246,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.algo != "gorila" and cfg.mode != "bundled":
         raise ConfigError(f"{origin}: key 'mode' must be 'bundled' for algo '{cfg.algo}' "
                           "(asynchronous methods run actor-learner ranks)")
+    if cfg.split_update_every and (cfg.algo != "gorila" or cfg.mode != "split"):
+        raise ConfigError(f"{origin}: key 'split_update_every' applies to Gorila's split mode "
+                          f"only (bundled mode paces learning with update_every); remove it")
     if cfg.n_step != 1 and cfg.algo != "gorila":
         raise ConfigError(f"{origin}: key 'n_step' applies to algo 'gorila' only (the "
                           f"asynchronous methods' n is t_max); remove it")

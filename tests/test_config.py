@@ -104,6 +104,20 @@ def test_rmsprop_bias_correction_applies_to_shared_rmsprop_only():
         load_config(None, ["rmsprop_bias_correction=true"])
 
 
+@pytest.mark.parametrize("sets, message", [
+    (["optimizer=rmsprop_shared", "adagrad_warmup_updates=10"],
+     "key 'adagrad_warmup_updates' applies to optimizer 'adagrad' only"),
+    (["algo=a3c", "optimizer=rmsprop_shared", "n_step=3"], "key 'n_step' applies to algo 'gorila'"),
+    (["split_update_every=4"], "key 'split_update_every' applies to Gorila's split mode"),
+])
+def test_keys_of_one_method_are_refused_elsewhere(sets, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, sets)
+    # the same keys where they apply
+    load_config(None, ["adagrad_warmup_updates=10", "n_step=3", "mode=split",
+                       "split_update_every=4"])
+
+
 def test_optim_eps_must_be_positive():
     """0 inside AdaGrad's or RMSProp's square root divides by 0 where a statistic is 0."""
     with pytest.raises(ConfigError, match=r"^--set optim_eps: key 'optim_eps' must be > 0.0, got 0.0"):

@@ -139,6 +139,21 @@ def test_modes_start_and_stop_cleanly(world, sets, counts, tmp_path):
         assert len(m["eval"]["frames"]) >= 2 and set(m["eval"]["rank"]) == {4}
 
 
+def test_split_learners_keep_to_split_update_every(tmp_path):
+    """Split mode, 1 actor and 3 learners (which alone apply ~2,000 updates in these 6,000
+    CartPole frames), split_update_every = 20: the ps applies at most 6,000 / 20 = 300
+    updates, plus one gradient in flight per learner, and the learners do not fall far below."""
+    run_dir = tmp_path / "r"
+    proc, _ = run_mpi(6, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                          "--set", "mode=split", "--set", "n_actors=1", "--set",
+                          "total_frames=6000", "--set", "split_update_every=20",
+                          "--set", f"run_dir={run_dir}"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    train = read_metrics(run_dir / "metrics.h5")["train"]
+    frames, updates = int(train["frames"][-1]), int(train["updates"][-1])
+    assert 0.8 * (frames // 20) <= updates <= frames // 20 + 3, (frames, updates)
+
+
 def test_learner_counts_outlier_and_nonfinite_drops():
     """GorilaLearner: a loss far above the running statistics is dropped and counted; a NaN
     batch is dropped as non-finite; neither touches the update count."""
@@ -166,6 +181,37 @@ def test_learner_counts_outlier_and_nonfinite_drops():
     assert learner.gradient(batch(np.nan)) is None
     stats = learner.stats
     assert (stats.updates, stats.dropped_outlier, stats.dropped_nonfinite) == (10, 1, 1)
+
+
+def test_learner_gradient_on_images_equals_a_plain_torch_reference():
+    """The learner feeds image batches channels-last (a speed-up on CPU): its flat gradient is
+    the one of a plain NCHW forward and backward of the same Huber DQN loss on the same
+    n-step batch (discount gamma^(m-1) folded into discount_t)."""
+    import torch
+
+    from hpcrl.agents.gorila.learner import GorilaLearner
+    from hpcrl.config import load_config
+    from hpcrl.rl.networks import NatureQNetwork
+    from hpcrl.rl.types import Transition
+
+    torch.manual_seed(1)
+    cfg = load_config(None, ["outlier_k=0"])
+    net, target = NatureQNetwork((4, 84, 84), 6), NatureQNetwork((4, 84, 84), 6)
+    ref_net = NatureQNetwork((4, 84, 84), 6)
+    ref_net.load_state_dict(net.state_dict())
+    rng = np.random.default_rng(2)
+    s_tm1, s_t = (rng.integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for _ in range(2))
+    a = rng.integers(6, size=8)
+    r = rng.normal(size=8).astype(np.float32) * 3
+    d = np.array([1, 0, 0.99, 1, 0.9801, 1, 0, 1], np.float32)
+    grad = GorilaLearner(net, target, cfg).gradient(Transition(s_tm1, a, r, d, s_t)).copy()
+
+    q = ref_net(torch.from_numpy(s_tm1))[torch.arange(8), torch.from_numpy(a)]
+    with torch.no_grad():
+        y = torch.from_numpy(r) + 0.99 * torch.from_numpy(d) * target(torch.from_numpy(s_t)).max(1).values
+    torch.nn.functional.huber_loss(q, y, delta=1.0).backward()
+    ref = torch.cat([p.grad.reshape(-1) for p in ref_net.parameters()]).numpy()
+    np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.mpi

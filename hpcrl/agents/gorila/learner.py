@@ -46,6 +46,11 @@ class GorilaLearner:
         s_t = torch.from_numpy(batch.s_t)
         if s_tm1.ndim == 3 and s_tm1.shape[1] == 1:      # vector obs stored with stack 1
             s_tm1, s_t = s_tm1[:, 0], s_t[:, 0]
+        elif s_tm1.ndim == 4:
+            # channels-last images: oneDNN's convolutions run them faster on CPU (measured by
+            # ``python -m hpcrl.bench learner``); the weights stay in the flat vector's layout
+            s_tm1 = s_tm1.contiguous(memory_format=torch.channels_last)
+            s_t = s_t.contiguous(memory_format=torch.channels_last)
         q_tm1 = self.net(s_tm1)
         with torch.no_grad():
             q_t = self.target(s_t)

@@ -34,6 +34,7 @@ from hpcrl.runtime.replay_server import BatchClient, ChunkSender
 from hpcrl.runtime.topology import Role
 
 LEARNER_IDLE_S = 0.01       # a learner waits this long while global replay is filling
+LEARNER_PACE_S = 0.002      # ... and this long while it is ahead of split_update_every
 EVALUATOR_IDLE_S = 0.05     # an evaluator polls the frame counter this often
 
 
@@ -162,11 +163,23 @@ class LearnerWorker(WorkerBase):
         self.client = BatchClient(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY), ctx.seed,
                                   (stack,) + frame_shape, dtype)
         self.versions = None
+        self.applied = ctx.store.word(Word.APPLIED)
+        frames_per_step = cfg.frame_skip if len(obs_shape) == 3 else 1
+        self.frames_per_update = cfg.split_update_every * frames_per_step
 
     def global_frames(self) -> int:
         return self.frames.read()
 
+    def _ahead_of_actors(self) -> bool:
+        """With ``split_update_every`` = U: whether the ps has applied frames / (U frames per
+        agent step) updates already (the learners then wait for the actors)."""
+        return (self.frames_per_update > 0
+                and self.applied.read() >= self.frames.read() // self.frames_per_update)
+
     def step(self) -> None:
+        if self._ahead_of_actors():
+            time.sleep(LEARNER_PACE_S)
+            return
         batch = self.client.sample(self.cfg.batch_size)
         if batch is None:                       # replay not filled yet
             time.sleep(LEARNER_IDLE_S)
