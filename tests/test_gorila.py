@@ -55,7 +55,7 @@ def pong_smoke_run(tmp_path, algo, n, total_frames=20000, sets=()):
 
 
 def test_pong_smoke_writes_metrics(tmp_path):
-    run_dir, m = pong_smoke_run(tmp_path, "gorila", 4)
+    run_dir, m = pong_smoke_run(tmp_path, "gorila", 3)         # 1 ps + 2 bundles
     train = m["train"]
     assert (run_dir / "config.toml").exists()
     # the analysis tool on this real run: training episodes (no eval yet), Pong's no-op pair
@@ -139,19 +139,41 @@ def test_modes_start_and_stop_cleanly(world, sets, counts, tmp_path):
         assert len(m["eval"]["frames"]) >= 2 and set(m["eval"]["rank"]) == {4}
 
 
-def test_split_learners_keep_to_split_update_every(tmp_path):
-    """Split mode, 1 actor and 3 learners (which alone apply ~2,000 updates in these 6,000
-    CartPole frames), split_update_every = 20: the ps applies at most 6,000 / 20 = 300
-    updates, plus one gradient in flight per learner, and the learners do not fall far below."""
+@pytest.mark.parametrize("layout, every, floor", [
+    # 3 learners alone apply ~2,000 updates in these 6,000 frames: they wait for the actor
+    ("n_actors=1", 20, lambda frames: 0.8 * (frames // 20)),
+    # 3 actors outrun 1 learner: they wait once they are head_start = fill 500 + 2 x 4 steps
+    # ahead of 4 x the updates applied
+    ("n_learners=1", 4, lambda frames: (frames - 508) // 4 - 1),
+], ids=["learners_wait", "actors_wait"])
+def test_split_mode_keeps_to_split_update_every(layout, every, floor, tmp_path):
+    """Split mode with split_update_every = U (CartPole, 6,000 frames): the ps applies at
+    most frames / U updates (plus one gradient in flight per learner), whichever side is the
+    faster one."""
     run_dir = tmp_path / "r"
     proc, _ = run_mpi(6, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
-                          "--set", "mode=split", "--set", "n_actors=1", "--set",
-                          "total_frames=6000", "--set", "split_update_every=20",
-                          "--set", f"run_dir={run_dir}"], timeout=240)
+                          "--set", "mode=split", "--set", layout, "--set", "total_frames=6000",
+                          "--set", f"split_update_every={every}", "--set", f"run_dir={run_dir}"],
+                      timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     train = read_metrics(run_dir / "metrics.h5")["train"]
     frames, updates = int(train["frames"][-1]), int(train["updates"][-1])
-    assert 0.8 * (frames // 20) <= updates <= frames // 20 + 3, (frames, updates)
+    assert floor(frames) <= updates <= frames // every + 3, (frames, updates)
+
+
+def test_split_pacing_rules_never_both_wait():
+    """If both sides could wait at once the job would hang: check every small case."""
+    from hpcrl.agents.gorila.workers import actors_ahead, learners_ahead
+
+    for every in (1, 3, 8):
+        for head in (0, 5, 40):
+            for steps in range(0, 120):
+                for applied in range(0, 60):
+                    assert not (learners_ahead(applied, steps, every)
+                                and actors_ahead(steps, applied, every, head))
+    assert learners_ahead(5, 40, 8) and not learners_ahead(4, 40, 8)
+    assert actors_ahead(20, 1, 4, 12) and not actors_ahead(19, 1, 4, 12)
+    assert not actors_ahead(10 ** 6, 0, 4, 12)        # never before the first update
 
 
 def test_learner_counts_outlier_and_nonfinite_drops():

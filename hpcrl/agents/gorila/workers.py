@@ -34,7 +34,8 @@ from hpcrl.runtime.replay_server import BatchClient, ChunkSender
 from hpcrl.runtime.topology import Role
 
 LEARNER_IDLE_S = 0.01       # a learner waits this long while global replay is filling
-LEARNER_PACE_S = 0.002      # ... and this long while it is ahead of split_update_every
+LEARNER_PACE_S = 0.002      # a split-mode actor or learner waits this long while it is ahead
+                            # of the other side (split_update_every)
 EVALUATOR_IDLE_S = 0.05     # an evaluator polls the frame counter this often
 
 
@@ -115,18 +116,46 @@ class BundleWorker(WorkerBase):
         self.env.close()
 
 
+def learners_ahead(applied: int, agent_steps: int, every: int) -> bool:
+    """Split mode at one update per ``every`` global agent steps: whether the learners have
+    applied their share of updates already (they wait)."""
+    return applied >= agent_steps // every
+
+
+def actors_ahead(agent_steps: int, applied: int, every: int, head_start: int) -> bool:
+    """... whether the actors are more than ``head_start`` agent steps (the replay fill plus
+    slack) ahead of the updates applied (they wait): the replay ratio then holds whichever
+    side is faster. Never before the first update: the replay may need more steps to fill
+    than ``head_start`` (episode starts, steps still in the actors' chunks). The two rules
+    never hold at once (both would need applied >= steps // every > applied), so the two
+    sides cannot wait for each other."""
+    return applied > 0 and agent_steps >= head_start + (applied + 1) * every
+
+
 class ActorWorker(WorkerBase):
     """Gorila split mode, actor: act and ship transitions to a global replay rank."""
 
     def __init__(self, ctx: Context):
+        cfg = ctx.cfg
         self.sink = ChunkSender(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY),
                                 ctx.layout.index_in_role(ctx.rank))
-        self.actor = Actor(ctx.cfg, ctx.rank, ctx.store, ctx.link, self.sink)
+        self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, self.sink)
+        self.every = cfg.split_update_every
+        n_learners = len(ctx.layout.ranks_of(Role.LEARNER))
+        self.head_start = (cfg.replay_min_fill * len(ctx.layout.ranks_of(Role.REPLAY))
+                           + 2 * self.every * max(n_learners, 1))
+        self.applied = ctx.store.word(Word.APPLIED)
 
     def global_frames(self) -> int:
         return self.actor.global_frames
 
     def step(self) -> None:
+        if self.every:
+            steps = self.actor.global_frames // self.actor.env.frames_per_step
+            if actors_ahead(steps, self.applied.read(), self.every, self.head_start):
+                time.sleep(LEARNER_PACE_S)
+                self.actor.global_frames = self.actor.frames.read()
+                return
         self.actor.step()
 
     def before_checkpoint(self) -> None:
@@ -164,17 +193,18 @@ class LearnerWorker(WorkerBase):
                                   (stack,) + frame_shape, dtype)
         self.versions = None
         self.applied = ctx.store.word(Word.APPLIED)
-        frames_per_step = cfg.frame_skip if len(obs_shape) == 3 else 1
-        self.frames_per_update = cfg.split_update_every * frames_per_step
+        self.frame_skip = cfg.frame_skip if len(obs_shape) == 3 else 1
+        self.frames_per_update = cfg.split_update_every * self.frame_skip
 
     def global_frames(self) -> int:
         return self.frames.read()
 
     def _ahead_of_actors(self) -> bool:
-        """With ``split_update_every`` = U: whether the ps has applied frames / (U frames per
-        agent step) updates already (the learners then wait for the actors)."""
+        """With ``split_update_every`` = U: whether the ps has applied its updates for the
+        global agent steps so far (the learners then wait for the actors)."""
         return (self.frames_per_update > 0
-                and self.applied.read() >= self.frames.read() // self.frames_per_update)
+                and learners_ahead(self.applied.read(), self.frames.read() // self.frame_skip,
+                                   self.cfg.split_update_every))
 
     def step(self) -> None:
         if self._ahead_of_actors():

@@ -133,7 +133,7 @@ class ShardOptimizer:
 
     def _adagrad_step(self, theta_in: np.ndarray, grad: np.ndarray, theta_out: np.ndarray,
                       lr: float, eps: float) -> None:
-        """G += g^2 in float64; theta_out = theta_in - lr g / sqrt(G + eps) (float32 result)."""
+        """G += g^2 in float64; theta_out = theta_in - lr g / sqrt(G + eps) in float32."""
         G, n = self.state["G"], self.state["n"]
         if n == 0 and self.warmup_updates:
             G += self.warmup_updates * np.mean(np.square(grad, dtype=np.float64))
@@ -141,14 +141,14 @@ class ShardOptimizer:
         if self.fused:
             _kernels.adagrad_step(theta_in, grad, G, theta_out, eps, lr)
             return
-        tmp = self._tmp64
-        np.multiply(grad, grad, out=tmp, dtype=np.float64)
-        G += tmp
-        np.add(G, eps, out=tmp)
-        np.sqrt(tmp, out=tmp)
+        tmp64, tmp = self._tmp64, self._tmp
+        np.multiply(grad, grad, out=tmp64, dtype=np.float64)
+        G += tmp64
+        np.add(G, eps, out=tmp64)
+        np.sqrt(tmp64, out=tmp, casting="same_kind")      # the step in float32, as the kernel
         np.divide(grad, tmp, out=tmp)
-        tmp *= lr
-        np.subtract(theta_in, tmp, out=theta_out, casting="unsafe")
+        tmp *= np.float32(lr)
+        np.subtract(theta_in, tmp, out=theta_out)
 
     def get_state(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.state.items()}
