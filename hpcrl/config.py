@@ -87,7 +87,8 @@ class Config:
     adagrad_warmup_updates: int = _f(0, "adagrad: start each shard's G at this many times its "
                                      "mean squared first gradient, so that steps are about "
                                      "lr / sqrt(this + updates) per weight from the first one "
-                                     "(0 = G starts at 0, as the paper)", lo=0)
+                                     "(0 = G starts at 0, as the paper; other optimizers "
+                                     "ignore it)", lo=0)
     rmsprop_bias_correction: bool = _f(False, "rmsprop_shared: divide the statistic by "
                                        "1 - decay^t (Adam's correction), so that the first "
                                        "steps are not up to 10x the learning rate")
@@ -252,9 +253,6 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.n_step != 1 and cfg.algo != "gorila":
         raise ConfigError(f"{origin}: key 'n_step' applies to algo 'gorila' only (the "
                           f"asynchronous methods' n is t_max); remove it")
-    if cfg.adagrad_warmup_updates and cfg.optimizer != "adagrad":
-        raise ConfigError(f"{origin}: key 'adagrad_warmup_updates' applies to optimizer "
-                          f"'adagrad' only (got '{cfg.optimizer}'); remove it")
     if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
         raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
                           f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")

@@ -79,7 +79,7 @@ def test_pong_smoke_writes_metrics(tmp_path):
 
 
 RMSPROP = ["optimizer=rmsprop_shared", "learning_rate=0.00025", "optim_eps=1e-5",
-           "rmsprop_decay=0.99", "adagrad_warmup_updates=0"]
+           "rmsprop_decay=0.99"]
 
 
 @pytest.mark.slow

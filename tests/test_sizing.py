@@ -24,9 +24,9 @@ def test_gorila_cartpole_by_hand():
     # ps: parameters and target double-buffered + 3 inboxes of (n + 2) floats, 19 header words
     windows = 4 * (4 * 17_410 + 3 * (17_410 + 2)) + 8 * (16 + 3)
     assert t["memory_parts"]["a"] == {"process": 80e6, "windows": windows,
-                                      "optimizer": 4 * 17_410}        # shared RMSProp: one v
+                                      "optimizer": 8 * 17_410}        # AdaGrad: one float64 G
     assert t["memory"]["b"] == 3 * (200e6 + replay)
-    generation = 4 * (2 * 17_410 + 17_410) + 3 * replay
+    generation = 4 * 2 * 17_410 + 8 * 17_410 + 3 * replay             # params, target, G
     assert t["generation_bytes"] == generation
     assert t["disk_bytes"] == generation * (2 + 1)                   # checkpoint_keep = 2
 

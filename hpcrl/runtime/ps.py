@@ -31,7 +31,8 @@ def make_optimizer(cfg: Config, store: ParameterStore) -> ShardOptimizer:
     return ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
                           decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum,
                           bias_correction=cfg.rmsprop_bias_correction,
-                          warmup_updates=cfg.adagrad_warmup_updates)
+                          warmup_updates=(cfg.adagrad_warmup_updates
+                                          if cfg.optimizer == "adagrad" else 0))
 
 
 def assert_no_torch(role: str) -> None:
