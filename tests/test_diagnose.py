@@ -45,7 +45,7 @@ def test_size_mismatch_is_an_error():
 
 
 def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=False,
-               counts=None, sets=()):
+               counts=None, sets=(), g0=None):
     """A run directory with config.toml and one complete checkpoint generation: n_ps ps shards
     of the 55-float statistic (zeros: all of torso.0.bias, 8 of torso.2.weight's 16) and one
     actor-learner file."""
@@ -62,6 +62,9 @@ def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=Fal
         state = {"params": np.zeros_like(part), f"opt/{stat_name}": part}
         if counts is not None:                  # AdaGrad's update count per shard
             state["opt/n"] = np.int64(counts[i])
+        if g0 is not None:                      # AdaGrad's warm start, added to every G
+            state["opt/G0"] = np.float64(g0[i])
+            state[f"opt/{stat_name}"] = part.astype(np.float64) + g0[i]
         files.append(ckpt.write_state(ckpt.rank_file(root, 1, i), state))
     files.append(ckpt.write_state(ckpt.rank_file(root, 1, n_ps), {"rng": np.zeros(2)}))
     if corrupt:
@@ -111,7 +114,26 @@ def test_adagrad_rms_gradient_per_update_by_hand(tmp_path, capsys):
     assert rows["value_head.bias"]["median_rms_grad"] == pytest.approx(11 ** -0.5)
     assert rows["all"]["median_rms_grad"] == pytest.approx(11 ** -0.5)
     assert main([str(run)]) == 0
-    assert "median sqrt(G / updates)" in capsys.readouterr().out
+    assert "median rms gradient per update" in capsys.readouterr().out
+
+
+def test_adagrad_warm_start_is_taken_off_by_hand(tmp_path, capsys):
+    """Shards with warm starts G0 = 0.5 and 2.0, 3 and 7 updates, own G = 1 except the 12
+    zeros of shard 0: the 12 are still "never a gradient"; own G / n is 1/3 on shard 0's 16
+    live values and 1/7 on shard 1's 27 (median of all 55: 1/7); own G passes G0 + eps on
+    shard 0 only (16 of 55)."""
+    run = _write_run(tmp_path, stat_name="G", counts=[3, 7], g0=[0.5, 2.0],
+                     sets=["optimizer=adagrad", "adagrad_warmup_updates=4"])
+    assert main([str(run), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in report["tensors"]}
+    assert report["warm_start_G0"] == [0.5, 2.0]
+    assert rows["all"]["zero"] == 12 and rows["torso.0.bias"]["zero"] == 4
+    assert rows["all"]["median_rms_grad"] == pytest.approx(7 ** -0.5)
+    assert rows["torso.0.weight"]["median_rms_grad"] == pytest.approx(3 ** -0.5)
+    assert rows["all"]["above_eps"] == pytest.approx(16 / 55)
+    assert main([str(run)]) == 0
+    assert "AdaGrad warm start: G0 = 0.5, 2 per shard" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("make, message", [

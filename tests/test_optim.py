@@ -81,6 +81,7 @@ def test_adagrad_warmup_starts_g_at_t0_mean_square_of_the_first_gradient(path):
     theta, out = np.zeros(2, np.float32), np.empty(2, np.float32)
     opt.step(theta, np.array([1.0, 3.0], np.float32), out, 0.5, 0)
     np.testing.assert_array_equal(opt.state["G"], [21.0, 29.0])
+    assert float(opt.state["G0"]) == 20.0              # kept, so G - G0 is each one's own
     np.testing.assert_allclose(out, [-0.5 / np.sqrt(21), -1.5 / np.sqrt(29)], rtol=1e-6)
     opt.step(theta, np.array([2.0, 0.0], np.float32), out, 0.5, 0)
     np.testing.assert_array_equal(opt.state["G"], [25.0, 29.0])
@@ -111,7 +112,7 @@ def test_adagrad_warmup_happens_once_across_a_restore():
     np.testing.assert_array_equal(other.state["G"], [12.0, 12.0])
     old = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
     old.set_state({"G": np.array([3.0, 0.0])})
-    assert int(old.state["n"]) == 1
+    assert int(old.state["n"]) == 1 and float(old.state["G0"]) == 0.0
     fresh = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
     fresh.set_state({"G": np.zeros(2)})
     assert int(fresh.state["n"]) == 0

@@ -47,7 +47,8 @@ class DiagnoseError(RuntimeError):
 
 
 def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
-                   eps: float | None = None, mean_sq: np.ndarray | None = None) -> list[dict]:
+                   eps: float | np.ndarray | None = None,
+                   mean_sq: np.ndarray | None = None) -> list[dict]:
     """Per tensor, the share of its parameters whose statistic is exactly 0, and (given the
     optimiser's ``eps``) the share above eps with the median sqrt(statistic).
 
@@ -59,8 +60,12 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
         tensors: (name, number of parameters) in the flat vector's order.
         stat: [n] statistics, or [n_clients, n] per-client statistics (a parameter counts
             as zero only when it is zero for every client).
-        mean_sq: AdaGrad only, [n] G / (t0 + updates): the mean squared gradient per update,
-            whose square root is the step's divisor per unit of lr when G >> eps.
+        eps: the floor the statistic competes with inside the square root: the optimiser's
+            eps, or per parameter (AdaGrad with a warm start: G0 of its shard + eps, with
+            ``stat`` the parameter's own G - G0).
+        mean_sq: AdaGrad only, [n] each parameter's mean squared gradient per update:
+            (G - G0) / updates with the shard's warm start G0 saved, G / (t0 + updates)
+            without.
 
     Returns:
         [{"name", "size", "zero", "fraction"[, "above_eps", "median_sqrt_stat"]
@@ -72,6 +77,7 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
     if zero.size != n:
         raise DiagnoseError(f"the checkpoint holds {zero.size} statistics but the network has "
                             f"{n} parameters; was the config changed after the run?")
+    floor = None if eps is None else np.broadcast_to(np.asarray(eps, np.float64), (n,))
     bounds = np.cumsum([0] + [size for _, size in tensors])
     spans = [(name, lo, hi) for (name, _), lo, hi in zip(tensors, bounds[:-1], bounds[1:])]
     rows = []
@@ -81,7 +87,7 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
                "fraction": count / (hi - lo) if hi > lo else 0.0}
         if eps is not None and hi > lo:
             part = stat2[:, lo:hi]
-            row["above_eps"] = float(np.mean(part > eps))
+            row["above_eps"] = float(np.mean(part > floor[lo:hi]))
             row["median_sqrt_stat"] = float(np.sqrt(np.median(part)))
         if mean_sq is not None and hi > lo:
             row["median_rms_grad"] = float(np.sqrt(np.median(mean_sq[lo:hi])))
@@ -101,14 +107,23 @@ def _ps_statistics(run_dir: Path) -> tuple[int, dict, np.ndarray, str]:
     return gen, manifest, runfiles.ps_array(run_dir, gen, manifest, f"opt/{name}"), name
 
 
-def _adagrad_mean_square(run_dir: Path, gen: int, manifest: dict, warmup: int) -> np.ndarray | None:
-    """Per parameter, AdaGrad's G / (t0 + updates of its shard), or None for checkpoints
-    that hold no update count."""
+def _adagrad_parts(run_dir: Path, gen: int, manifest: dict, eps: float, warmup: int):
+    """AdaGrad: (each parameter's own G - G0, its floor G0 + eps, its own mean squared
+    gradient per update, the shards' G0) from a checkpoint that saved the warm start G0 and
+    the update count n; (G, eps, G / (t0 + n), None) from one that saved n only; None from
+    older ones."""
     if not runfiles.has_dataset(run_dir, gen, manifest, "opt/n"):
         return None
     G = runfiles.ps_arrays(run_dir, gen, manifest, "opt/G")
-    n = runfiles.ps_arrays(run_dir, gen, manifest, "opt/n")
-    return np.concatenate([g / max(int(k) + warmup, 1) for g, k in zip(G, n)])
+    n = [int(k) for k in runfiles.ps_arrays(run_dir, gen, manifest, "opt/n")]
+    if not runfiles.has_dataset(run_dir, gen, manifest, "opt/G0"):
+        mean_sq = np.concatenate([g / max(k + warmup, 1) for g, k in zip(G, n)])
+        return np.concatenate(G), eps, mean_sq, None
+    G0 = [float(x) for x in runfiles.ps_arrays(run_dir, gen, manifest, "opt/G0")]
+    own = [g - g0 for g, g0 in zip(G, G0)]
+    floor = np.concatenate([np.full(g.shape, g0 + eps) for g, g0 in zip(G, G0)])
+    mean_sq = np.concatenate([o / max(k, 1) for o, k in zip(own, n)])
+    return np.concatenate(own), floor, mean_sq, G0
 
 
 def _tensors(cfg) -> list[tuple[str, int]]:
@@ -125,12 +140,18 @@ def diagnose_run(run_dir: str | Path) -> dict:
     cfg = runfiles.load_run_config(run_dir)
     gen, manifest, stat, name = _ps_statistics(run_dir)
     tensors = _tensors(cfg)
-    mean_sq = (_adagrad_mean_square(run_dir, gen, manifest, cfg.adagrad_warmup_updates)
-               if name == "G" else None)
-    return {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),
-            "algo": cfg.algo, "game": cfg.game, "optimizer": cfg.optimizer, "statistic": name,
-            "optim_eps": cfg.optim_eps,
-            "tensors": zero_fractions(tensors, stat, cfg.optim_eps, mean_sq)}
+    floor, mean_sq, g0 = cfg.optim_eps, None, None
+    parts = (_adagrad_parts(run_dir, gen, manifest, cfg.optim_eps, cfg.adagrad_warmup_updates)
+             if name == "G" else None)
+    if parts is not None:
+        stat, floor, mean_sq, g0 = parts
+    report = {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),
+              "algo": cfg.algo, "game": cfg.game, "optimizer": cfg.optimizer, "statistic": name,
+              "optim_eps": cfg.optim_eps,
+              "tensors": zero_fractions(tensors, stat, floor, mean_sq)}
+    if g0 is not None:
+        report["warm_start_G0"] = g0
+    return report
 
 
 def format_text(report: dict) -> str:
@@ -140,11 +161,20 @@ def format_text(report: dict) -> str:
              f"is 0 ({WHAT_ZERO_MEANS[report['statistic']]}; a bias at 0 is a dead unit):"]
     width = max(len(r["name"]) for r in report["tensors"])
     eps = report.get("optim_eps")
-    if eps is not None:
+    g0 = report.get("warm_start_G0")
+    if g0 is not None:
+        floor = float(np.median(g0)) + eps
+        lines.append(f"  (AdaGrad warm start: G0 = {', '.join(f'{x:.3g}' for x in g0)} per shard; "
+                     "the statistic below is each parameter's own G - G0, and it is adaptive "
+                     "where that passes G0 + eps)")
+        head = (f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above G0 + eps {floor:.3g}"
+                f"   median sqrt(stat) vs sqrt(G0 + eps) {floor ** 0.5:.3g}")
+    elif eps is not None:
         head = (f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above eps {eps:g} "
                 f"(adaptive)   median sqrt(stat) vs sqrt(eps) {eps ** 0.5:.3g}")
+    if eps is not None:
         if "median_rms_grad" in report["tensors"][0]:
-            head += "   median sqrt(G / updates)"
+            head += "   median rms gradient per update"
         lines.append(head)
     for r in report["tensors"]:
         line = f"  {r['name']:<{width}} {r['size']:>12,} {100 * r['fraction']:6.1f} %"

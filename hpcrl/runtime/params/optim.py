@@ -17,8 +17,9 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
                   sqrt(t0) can be set to DQN's step of ~1e-4..2.5e-4 per weight (RMSProp and
                   Adam steps are about lr per weight). With G at 0 and a large eps instead,
                   the rule is plain SGD at lr / sqrt(eps) wherever G < eps, which for Atari
-                  gradients of ~1e-4 is the whole run. ``n`` counts the shard's updates, so
-                  sqrt(G / (t0 + n)) is the rms gradient the step divides by.
+                  gradients of ~1e-4 is the whole run. ``n`` counts the shard's updates and
+                  ``G0`` keeps the warm start, so (G - G0) / n is each parameter's own mean
+                  squared gradient (``hpcrl.diagnose``).
 * ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
 * ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
@@ -76,6 +77,7 @@ class ShardOptimizer:
         elif kind == "adagrad":
             self.state["G"] = np.zeros(size, np.float64)
             self.state["n"] = np.zeros((), np.int64)          # updates applied by this shard
+            self.state["G0"] = np.zeros((), np.float64)       # G's warm start (added to all)
             self._tmp64 = np.empty(size, np.float64)
         elif kind == "rmsprop_shared":
             self.state["v"] = np.zeros(size, np.float32)
@@ -136,7 +138,8 @@ class ShardOptimizer:
         """G += g^2 in float64; theta_out = theta_in - lr g / sqrt(G + eps) in float32."""
         G, n = self.state["G"], self.state["n"]
         if n == 0 and self.warmup_updates:
-            G += self.warmup_updates * np.mean(np.square(grad, dtype=np.float64))
+            self.state["G0"][...] = self.warmup_updates * np.mean(np.square(grad, dtype=np.float64))
+            G += self.state["G0"]
         n += 1
         if self.fused:
             _kernels.adagrad_step(theta_in, grad, G, theta_out, eps, lr)
@@ -157,6 +160,8 @@ class ShardOptimizer:
         if self.kind == "adagrad" and "n" not in state and "G" in state:
             # checkpoints older than the update count: a nonzero G has seen its first update
             state = {**state, "n": np.int64(bool(np.any(state["G"])))}
+        if self.kind == "adagrad" and "G0" not in state:
+            state = {**state, "G0": np.float64(0.0)}          # older checkpoints: no warm start
         for k, v in self.state.items():
             if k not in state or np.shape(state[k]) != v.shape:
                 raise ValueError(f"optimizer state '{k}' missing or of shape "
