@@ -137,6 +137,34 @@ def bench_actor(game: str, steps: int, blocks: int) -> dict:
             "actor_steps_per_s": med["default"], "fraction": med["default"] / bound}
 
 
+def _plain_update(net, target, obs_all: np.ndarray, actions, rng, batch_size: int):
+    """The plain torch DQN update that the bounds use: a batch from an in-memory array of
+    stacked observations, online forward, target forward, backward."""
+    import torch
+
+    fill = len(obs_all)
+    idx = rng.integers(fill, size=batch_size)
+    q = net(torch.from_numpy(obs_all[idx])).gather(1, actions[idx][:, None])[:, 0]
+    with torch.no_grad():
+        q_t = target(torch.from_numpy(obs_all[(idx + 1) % fill])).max(1).values
+    loss = ((q - 0.99 * q_t) ** 2).mean()
+    net.zero_grad()
+    loss.backward()
+
+
+def _job_command(ranks: int, config: str, run_dir, launcher_args) -> list[str]:
+    """mpiexec (the venv's when it has one) running ``config`` on ``ranks`` ranks with an
+    endless budget, one metrics row per second and no periodic checkpoint."""
+    import sys
+    from pathlib import Path
+
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    return [str(mpiexec) if mpiexec.exists() else "mpiexec", *launcher_args, "-n", str(ranks),
+            sys.executable, "-m", "hpcrl.run", "--config", config,
+            "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
+            "--set", "checkpoint_every_min=0", "--set", "log_every_s=1"]
+
+
 def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
     import torch
 
@@ -178,15 +206,7 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
     actions = torch.from_numpy(rng.integers(env.num_actions, size=fill))
 
     def torch_update():
-        idx = rng.integers(fill, size=cfg.batch_size)
-        s_tm1 = torch.from_numpy(obs_all[idx])
-        s_t = torch.from_numpy(obs_all[(idx + 1) % fill])
-        q = net(s_tm1).gather(1, actions[idx][:, None])[:, 0]
-        with torch.no_grad():
-            q_t = target(s_t).max(1).values
-        loss = ((q - 0.99 * q_t) ** 2).mean()
-        net.zero_grad()
-        loss.backward()
+        _plain_update(net, target, obs_all, actions, rng, cfg.batch_size)
 
     r = {"real": [], "torch": [], "gradient": []}
     for _ in range(blocks):
@@ -214,16 +234,12 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
     import os
     import signal
     import subprocess
-    import sys
     from pathlib import Path
 
     from hpcrl.io.metrics import read_metrics
 
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", *launcher_args, "-n", str(n_workers + 1),
-           sys.executable, "-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
-           "--set", "n_ps=1", "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
-           "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
+    cmd = [*_job_command(n_workers + 1, f"configs/{algo}_pong.toml", run_dir, launcher_args),
+           "--set", "n_ps=1",
            "--set", "checkpoint_replay=false"]
     for item in overrides:
         cmd += ["--set", item]
@@ -469,16 +485,11 @@ def _gorila_job(ranks: int, seconds: float, warmup: float, run_dir, overrides: l
     import os
     import signal
     import subprocess
-    import sys
     from pathlib import Path
 
     from hpcrl.io.metrics import MetricsError, read_metrics
 
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", *launcher_args, "-n", str(ranks),
-           sys.executable, "-m", "hpcrl.run", "--config", "configs/gorila_pong.toml",
-           "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
-           "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
+    cmd = [*_job_command(ranks, "configs/gorila_pong.toml", run_dir, launcher_args),
            "--set", "checkpoint_replay=false", "--set", "eval_every_frames=0",
            "--set", "replay_capacity=30000", "--set", "replay_min_fill=4000"]
     for item in overrides:
@@ -540,13 +551,7 @@ def kernel_loop(update_every: int, seconds: float, seed: int) -> dict:
     obs = env.reset()
 
     def update():
-        idx = rng.integers(fill, size=cfg.batch_size)
-        q = net(torch.from_numpy(obs_all[idx])).gather(1, actions[idx][:, None])[:, 0]
-        with torch.no_grad():
-            q_t = target(torch.from_numpy(obs_all[(idx + 1) % fill])).max(1).values
-        loss = ((q - 0.99 * q_t) ** 2).mean()
-        net.zero_grad()
-        loss.backward()
+        _plain_update(net, target, obs_all, actions, rng, cfg.batch_size)
 
     def act(obs):
         with torch.no_grad():

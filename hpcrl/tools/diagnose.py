@@ -95,8 +95,8 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
     return rows
 
 
-def _ps_statistics(run_dir: Path) -> tuple[int, dict, np.ndarray, str]:
-    """(generation, manifest, statistics over all ps shards, their name) of the newest
+def _ps_statistics(run_dir: Path) -> tuple[int, dict, list[np.ndarray], str]:
+    """(generation, manifest, the statistic of each ps shard, its name) of the newest
     complete checkpoint."""
     gen, manifest = runfiles.checkpoint_generation(run_dir)
     name = next((s for s in STATISTICS
@@ -104,17 +104,17 @@ def _ps_statistics(run_dir: Path) -> tuple[int, dict, np.ndarray, str]:
     if name is None:
         raise DiagnoseError(f"{run_dir}: the ps optimiser keeps no per-parameter statistic "
                             "(RMSProp v or AdaGrad G) to inspect")
-    return gen, manifest, runfiles.ps_array(run_dir, gen, manifest, f"opt/{name}"), name
+    return gen, manifest, runfiles.ps_arrays(run_dir, gen, manifest, f"opt/{name}"), name
 
 
-def _adagrad_parts(run_dir: Path, gen: int, manifest: dict, eps: float, warmup: int):
-    """AdaGrad: (each parameter's own G - G0, its floor G0 + eps, its own mean squared
-    gradient per update, the shards' G0) from a checkpoint that saved the warm start G0 and
-    the update count n; (G, eps, G / (t0 + n), None) from one that saved n only; None from
-    older ones."""
+def _adagrad_parts(run_dir: Path, gen: int, manifest: dict, G: list[np.ndarray], eps: float,
+                   warmup: int):
+    """AdaGrad, from the shards' ``G``: (each parameter's own G - G0, its floor G0 + eps, its
+    own mean squared gradient per update, the shards' G0) from a checkpoint that saved the
+    warm start G0 and the update count n; (G, eps, G / (t0 + n), None) from one that saved n
+    only; None from older ones."""
     if not runfiles.has_dataset(run_dir, gen, manifest, "opt/n"):
         return None
-    G = runfiles.ps_arrays(run_dir, gen, manifest, "opt/G")
     n = [int(k) for k in runfiles.ps_arrays(run_dir, gen, manifest, "opt/n")]
     if not runfiles.has_dataset(run_dir, gen, manifest, "opt/G0"):
         mean_sq = np.concatenate([g / max(k + warmup, 1) for g, k in zip(G, n)])
@@ -138,11 +138,12 @@ def diagnose_run(run_dir: str | Path) -> dict:
     """The report of ``python -m hpcrl.diagnose`` as a dict (see ``zero_fractions``)."""
     run_dir = Path(run_dir)
     cfg = runfiles.load_run_config(run_dir)
-    gen, manifest, stat, name = _ps_statistics(run_dir)
+    gen, manifest, shards, name = _ps_statistics(run_dir)
+    stat = np.concatenate(shards, axis=-1)
     tensors = _tensors(cfg)
     floor, mean_sq, g0 = cfg.optim_eps, None, None
-    parts = (_adagrad_parts(run_dir, gen, manifest, cfg.optim_eps, cfg.adagrad_warmup_updates)
-             if name == "G" else None)
+    parts = (_adagrad_parts(run_dir, gen, manifest, shards, cfg.optim_eps,
+                            cfg.adagrad_warmup_updates) if name == "G" else None)
     if parts is not None:
         stat, floor, mean_sq, g0 = parts
     report = {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),

@@ -194,7 +194,6 @@ class LearnerWorker(WorkerBase):
         self.versions = None
         self.applied = ctx.store.word(Word.APPLIED)
         self.frame_skip = cfg.frame_skip if len(obs_shape) == 3 else 1
-        self.frames_per_update = cfg.split_update_every * self.frame_skip
 
     def global_frames(self) -> int:
         return self.frames.read()
@@ -202,7 +201,7 @@ class LearnerWorker(WorkerBase):
     def _ahead_of_actors(self) -> bool:
         """With ``split_update_every`` = U: whether the ps has applied its updates for the
         global agent steps so far (the learners then wait for the actors)."""
-        return (self.frames_per_update > 0
+        return (self.cfg.split_update_every > 0
                 and learners_ahead(self.applied.read(), self.frames.read() // self.frame_skip,
                                    self.cfg.split_update_every))
 
