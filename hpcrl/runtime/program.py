@@ -110,6 +110,19 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
             lease.release()
 
 
+def announce_start(found: tuple[int, dict] | None, layout: Layout) -> None:
+    """Say, as soon as it is decided, whether the job resumes or starts from new parameters."""
+    if not found:
+        print("[hpcrl] no complete checkpoint: starting from new parameters", flush=True)
+        return
+    gen, manifest = found
+    old_n_ps = manifest["roles"].count("ps")
+    moved = (f", its {old_n_ps} parameter shards re-split over {len(layout.ps_ranks)} ps ranks"
+             if manifest["roles"] != layout.role_names() else "")
+    print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
+          f"{manifest['frames']:,}{moved}", flush=True)
+
+
 def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
             run_dir: Path, reset_metrics: bool) -> int:
     """Everything after the run directory is leased (see :func:`run`)."""
@@ -126,6 +139,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
     found = find_resume(comm, run_dir, layout, n_params)
     check_metrics(comm, run_dir, found, reset_metrics)
+    if rank == 0:
+        announce_start(found, layout)
     hosts = preflight(comm, cfg, layout, run_dir, n_params)
     origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
               if rank == 0 else None)
@@ -134,12 +149,6 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     gen, manifest = found if found else (0, None)
     state = (load_rank_state(run_dir / "checkpoints", gen, manifest, layout, rank, n_params)
              if found else None)
-    if rank == 0 and found:
-        old_n_ps = manifest["roles"].count("ps")
-        moved = (f", its {old_n_ps} parameter shards re-split over {len(layout.ps_ranks)} ps ranks"
-                 if manifest["roles"] != layout.role_names() else "")
-        print(f"[hpcrl] resuming from checkpoint generation {gen} at frame "
-              f"{manifest['frames']:,}{moved}", flush=True)
     store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
     store.stall_s = cfg.watchdog_s + PEER_GRACE_S          # a frozen ps is named by its clients
     opt = None
