@@ -84,8 +84,8 @@ class Config:
     rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
     optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots (0 would divide "
                           "by 0 wherever a parameter had no gradient yet)", gt=0.0)
-    adagrad_warmup_updates: int = _f(0, "adagrad: start each shard's G at this many times its "
-                                     "mean squared first gradient, so that steps are about "
+    adagrad_warmup_updates: int = _f(0, "adagrad: start G at this many times each network "
+                                     "tensor's mean squared first gradient, so that steps are about "
                                      "lr / sqrt(this + updates) per weight from the first one "
                                      "(0 = G starts at 0, as the paper; other optimizers "
                                      "ignore it)", lo=0)

@@ -62,9 +62,10 @@ def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=Fal
         state = {"params": np.zeros_like(part), f"opt/{stat_name}": part}
         if counts is not None:                  # AdaGrad's update count per shard
             state["opt/n"] = np.int64(counts[i])
-        if g0 is not None:                      # AdaGrad's warm start, added to every G
-            state["opt/G0"] = np.float64(g0[i])
-            state[f"opt/{stat_name}"] = part.astype(np.float64) + g0[i]
+        if g0 is not None:      # AdaGrad's warm start: per parameter, or one number per shard
+            shard_g0 = g0[i] if np.ndim(g0[i]) else np.float64(g0[i])
+            state["opt/G0"] = shard_g0
+            state[f"opt/{stat_name}"] = part.astype(np.float64) + shard_g0
         files.append(ckpt.write_state(ckpt.rank_file(root, 1, i), state))
     files.append(ckpt.write_state(ckpt.rank_file(root, 1, n_ps), {"rng": np.zeros(2)}))
     if corrupt:
@@ -117,8 +118,10 @@ def test_adagrad_rms_gradient_per_update_by_hand(tmp_path, capsys):
     assert "median rms gradient per update" in capsys.readouterr().out
 
 
-def test_adagrad_warm_start_is_taken_off_by_hand(tmp_path, capsys):
-    """Shards with warm starts G0 = 0.5 and 2.0, 3 and 7 updates, own G = 1 except the 12
+def test_adagrad_warm_start_per_shard_is_taken_off_by_hand(tmp_path, capsys):
+    """Older checkpoints: one warm start per shard.
+
+    Shards with warm starts G0 = 0.5 and 2.0, 3 and 7 updates, own G = 1 except the 12
     zeros of shard 0: the 12 are still "never a gradient"; own G / n is 1/3 on shard 0's 16
     live values and 1/7 on shard 1's 27 (median of all 55: 1/7); own G passes G0 + eps on
     shard 0 only (16 of 55)."""
@@ -127,13 +130,33 @@ def test_adagrad_warm_start_is_taken_off_by_hand(tmp_path, capsys):
     assert main([str(run), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["name"]: r for r in report["tensors"]}
-    assert report["warm_start_G0"] == [0.5, 2.0]
+    assert report["warm_start"] is True
     assert rows["all"]["zero"] == 12 and rows["torso.0.bias"]["zero"] == 4
     assert rows["all"]["median_rms_grad"] == pytest.approx(7 ** -0.5)
     assert rows["torso.0.weight"]["median_rms_grad"] == pytest.approx(3 ** -0.5)
     assert rows["all"]["above_eps"] == pytest.approx(16 / 55)
     assert main([str(run)]) == 0
-    assert "AdaGrad warm start: G0 = 0.5, 2 per shard" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "AdaGrad warm start G0" in text and "median sqrt(G0 + eps)" in text
+
+
+def test_adagrad_warm_start_per_parameter_by_hand(tmp_path, capsys):
+    """G0 per parameter, as the ps sets it (per tensor): 0.25 on torso.0.weight (the first 16
+    floats), 4 elsewhere; own G = 1 except the 12 zeros; 5 updates on both shards. Own G
+    passes G0 + eps (1e-5) on torso.0.weight only: 16 of 55; its floor's median sqrt is
+    sqrt(0.25001), the others' sqrt(4.00001); own G / n = 0.2 on every live parameter."""
+    g0 = np.full(N, 4.0, np.float32)
+    g0[:16] = 0.25
+    run = _write_run(tmp_path, stat_name="G", counts=[5, 5], g0=np.array_split(g0, 2),
+                     sets=["optimizer=adagrad", "adagrad_warmup_updates=4"])
+    assert main([str(run), "--format", "json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["tensors"]}
+    assert rows["all"]["above_eps"] == pytest.approx(16 / 55)
+    assert rows["torso.0.weight"]["above_eps"] == 1.0 and rows["torso.2.bias"]["above_eps"] == 0
+    assert rows["torso.0.weight"]["median_sqrt_floor"] == pytest.approx(0.25001 ** 0.5)
+    assert rows["value_head.bias"]["median_sqrt_floor"] == pytest.approx(4.00001 ** 0.5)
+    assert rows["torso.2.bias"]["median_rms_grad"] == pytest.approx(0.2 ** 0.5)
+    assert rows["torso.0.bias"]["zero"] == 4
 
 
 @pytest.mark.parametrize("make, message", [

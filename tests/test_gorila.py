@@ -103,6 +103,38 @@ def test_cartpole_learns_within_100k_agent_steps(sets, tmp_path):
     assert reached is not None and reached <= 100_000
 
 
+def test_adagrad_warm_start_is_per_tensor_on_every_ps_shard(tmp_path):
+    """A real job with 2 ps ranks: each shard's saved G0 is one value per piece of a network
+    tensor that falls in it (the pieces worked out here from the network and the shard ranges),
+    positive wherever the first gradient was, and not one value for the whole shard."""
+    from hpcrl.config import load_config
+    from hpcrl.io import checkpoint as ckpt
+    from hpcrl.runtime.params.optim import tensor_pieces
+    from hpcrl.runtime.program import initial_network
+    from hpcrl.runtime.topology import shard_ranges
+
+    run_dir = tmp_path / "r"
+    proc, _ = run_mpi(5, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                          "--set", "total_frames=3000", "--set", "n_ps=2",
+                          "--set", f"run_dir={run_dir}"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    theta0, sizes = initial_network(load_config("configs/gorila_cartpole.toml"))
+    assert sum(sizes) == theta0.size
+    root = run_dir / "checkpoints"
+    gen, manifest = ckpt.latest_complete(root)
+    ps_files = [f["file"] for f, role in zip(manifest["files"], manifest["roles"]) if role == "ps"]
+    for shard, (lo, hi) in enumerate(shard_ranges(theta0.size, 2)):
+        state = ckpt.read_state(ckpt.gen_dir(root, gen) / ps_files[shard])
+        g0, pieces = state["opt/G0"], tensor_pieces(sizes, lo, hi)
+        assert g0.shape == (hi - lo,) and int(state["opt/n"]) > 0
+        starts = np.cumsum([0] + pieces[:-1])
+        for a, k in zip(starts, pieces):
+            assert np.all(g0[a:a + k] == g0[a]), (shard, a, k)
+        values = g0[starts]
+        assert len(pieces) > 1 and len(set(values.tolist())) > 1
+        assert np.all(values > 0)
+
+
 def test_global_replay_actors_and_learners_share_data():
     from tests.util import ROOT
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hpcrl.runtime.params.optim import KINDS, ShardOptimizer, fused_available
+from hpcrl.runtime.params.optim import KINDS, ShardOptimizer, fused_available, tensor_pieces
 from tests.mpi.store_checks_reference import reference_updates
 
 
@@ -81,12 +81,35 @@ def test_adagrad_warmup_starts_g_at_t0_mean_square_of_the_first_gradient(path):
     theta, out = np.zeros(2, np.float32), np.empty(2, np.float32)
     opt.step(theta, np.array([1.0, 3.0], np.float32), out, 0.5, 0)
     np.testing.assert_array_equal(opt.state["G"], [21.0, 29.0])
-    assert float(opt.state["G0"]) == 20.0              # kept, so G - G0 is each one's own
+    np.testing.assert_array_equal(opt.state["G0"], [20.0, 20.0])   # kept: G - G0 is own G
     np.testing.assert_allclose(out, [-0.5 / np.sqrt(21), -1.5 / np.sqrt(29)], rtol=1e-6)
     opt.step(theta, np.array([2.0, 0.0], np.float32), out, 0.5, 0)
     np.testing.assert_array_equal(opt.state["G"], [25.0, 29.0])
     np.testing.assert_allclose(out, [-1.0 / 5.0, 0.0], rtol=1e-6)
     assert int(opt.state["n"]) == 2
+
+
+def test_adagrad_warm_start_is_set_per_tensor_piece(path):
+    """Pieces [1, 3] (the shard holds the end of one tensor and a whole second one), t0 = 2,
+    first g = [2, 1, 1, 4]: G0 = 2 * 4 = 8 on the first, 2 * (1 + 1 + 16) / 3 = 12 on the
+    other three; G = G0 + g^2 = [12, 13, 13, 28]."""
+    opt = ShardOptimizer("adagrad", 4, 1, eps=0.0, warmup_updates=2, pieces=[1, 3])
+    out = np.empty(4, np.float32)
+    opt.step(np.zeros(4, np.float32), np.array([2.0, 1.0, 1.0, 4.0], np.float32), out, 1.0, 0)
+    np.testing.assert_array_equal(opt.state["G0"], [8.0, 12.0, 12.0, 12.0])
+    np.testing.assert_array_equal(opt.state["G"], [12.0, 13.0, 13.0, 28.0])
+    np.testing.assert_allclose(out, -np.array([2 / 12 ** 0.5, 1 / 13 ** 0.5, 1 / 13 ** 0.5,
+                                               4 / 28 ** 0.5]), rtol=1e-6)
+    with pytest.raises(ValueError, match="do not split a shard of 4"):
+        ShardOptimizer("adagrad", 4, 1, warmup_updates=2, pieces=[1, 2])
+
+
+def test_tensor_pieces_of_a_shard_by_hand():
+    """Tensors of 3, 5 and 2 floats (flat [0, 3), [3, 8), [8, 10)); shard [2, 9) holds 1 of
+    the first, all 5 of the second and 1 of the third."""
+    assert tensor_pieces([3, 5, 2], 2, 9) == [1, 5, 1]
+    assert tensor_pieces([3, 5, 2], 3, 8) == [5]
+    assert tensor_pieces([3, 5, 2], 0, 10) == [3, 5, 2]
 
 
 def test_adagrad_warmup_step_is_about_lr_over_sqrt_t0_plus_t(path):
@@ -112,7 +135,10 @@ def test_adagrad_warmup_happens_once_across_a_restore():
     np.testing.assert_array_equal(other.state["G"], [12.0, 12.0])
     old = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
     old.set_state({"G": np.array([3.0, 0.0])})
-    assert int(old.state["n"]) == 1 and float(old.state["G0"]) == 0.0
+    assert int(old.state["n"]) == 1 and not np.any(old.state["G0"])
+    per_shard = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
+    per_shard.set_state({"G": np.array([3.0, 1.0]), "n": np.int64(1), "G0": np.float64(0.5)})
+    np.testing.assert_array_equal(per_shard.state["G0"], [0.5, 0.5])   # one number per shard
     fresh = ShardOptimizer("adagrad", 2, 1, warmup_updates=10)
     fresh.set_state({"G": np.zeros(2)})
     assert int(fresh.state["n"]) == 0

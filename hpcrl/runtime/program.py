@@ -21,6 +21,7 @@ import socket
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 from mpi4py import MPI
 
 from hpcrl.version import __version__
@@ -59,6 +60,12 @@ def initial_parameters(cfg: Config):
     """theta0: the flat parameters of a freshly built network for the run's game, drawn from
     torch's generator seeded with ``cfg.seed``: a run's initial weights follow from its
     recorded seed (one seed, one theta0; torch's unseeded generator differs per process)."""
+    return initial_network(cfg)[0]
+
+
+def initial_network(cfg: Config) -> tuple[np.ndarray, list[int]]:
+    """(theta0 as in :func:`initial_parameters`, the sizes of the network's tensors in the
+    flat vector's order)."""
     import torch
 
     from hpcrl.envs import env_spec
@@ -67,7 +74,9 @@ def initial_parameters(cfg: Config):
 
     torch.manual_seed(cfg.seed)
     net = build_network(cfg, *env_spec(cfg))
-    return ParamLayout.from_module(net).to_flat(net)
+    layout = ParamLayout.from_module(net)
+    ends = list(layout.offsets[1:]) + [layout.size]
+    return layout.to_flat(net), [e - o for o, e in zip(layout.offsets, ends)]
 
 
 def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int
@@ -135,8 +144,9 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
               f" {MPI.Get_library_version().splitlines()[0].strip()}, host {socket.gethostname()}",
               flush=True)
     first_client = layout.client_ranks[0]
-    theta0 = initial_parameters(cfg) if rank == first_client else None
-    n_params = comm.bcast(None if theta0 is None else theta0.size, root=first_client)
+    theta0, tensor_sizes = initial_network(cfg) if rank == first_client else (None, None)
+    tensor_sizes = comm.bcast(tensor_sizes, root=first_client)
+    n_params = sum(tensor_sizes)
     found = find_resume(comm, run_dir, layout, n_params)
     check_metrics(comm, run_dir, found, reset_metrics)
     if rank == 0:
@@ -153,7 +163,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     store.stall_s = cfg.watchdog_s + PEER_GRACE_S          # a frozen ps is named by its clients
     opt = None
     if role == Role.PS:
-        opt = make_optimizer(cfg, store)
+        opt = make_optimizer(cfg, store, tensor_sizes)
         if state is not None:
             load_shard_state(store, opt, state)
     store.initialize(None if found else theta0)

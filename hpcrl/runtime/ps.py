@@ -9,13 +9,14 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 from hpcrl.config import Config
 from hpcrl.runtime import hooks
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_BUDGET, STOP_SIGNAL
 from hpcrl.runtime.params.header import Word
-from hpcrl.runtime.params.optim import ShardOptimizer
+from hpcrl.runtime.params.optim import ShardOptimizer, tensor_pieces
 from hpcrl.runtime.params.store import ParameterStore, ShardServer
 from hpcrl.runtime.profiling import ps_cpu_clock
 from hpcrl.runtime.reporter import Reporter, early_stop_reason
@@ -26,13 +27,18 @@ CHECKPOINT_REQUEST = "checkpoint.request"
 REQUEST_POLL_S = 1.0
 
 
-def make_optimizer(cfg: Config, store: ParameterStore) -> ShardOptimizer:
-    """The update rule of this ps rank's shard."""
+def make_optimizer(cfg: Config, store: ParameterStore,
+                   tensor_sizes: Sequence[int] | None = None) -> ShardOptimizer:
+    """The update rule of this ps rank's shard; ``tensor_sizes`` (the network's tensors in
+    the flat vector's order) let AdaGrad's warm start be set per tensor."""
+    lo, hi = store.spec.ranges[store.shard]
+    pieces = None if tensor_sizes is None else tensor_pieces(tensor_sizes, lo, hi)
     return ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
                           decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum,
                           bias_correction=cfg.rmsprop_bias_correction,
                           warmup_updates=(cfg.adagrad_warmup_updates
-                                          if cfg.optimizer == "adagrad" else 0))
+                                          if cfg.optimizer == "adagrad" else 0),
+                          pieces=pieces)
 
 
 def assert_no_torch(role: str) -> None:

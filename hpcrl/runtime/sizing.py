@@ -55,8 +55,9 @@ def replay_bytes(cfg: Config, obs_shape: tuple[int, ...]) -> float:
 
 
 def _optimizer_floats(cfg: Config, shard: int, n_clients: int) -> float:
-    """Optimiser state in float32-equivalents (AdaGrad's float64 accumulator counts 2)."""
-    return {"sgd": 0, "adagrad": 2 * shard, "rmsprop_shared": shard,
+    """Optimiser state in float32-equivalents (AdaGrad: the float64 accumulator counts 2, its
+    float32 warm start 1)."""
+    return {"sgd": 0, "adagrad": 3 * shard, "rmsprop_shared": shard,
             "rmsprop_per_client": shard * n_clients, "momentum": shard * n_clients}[cfg.optimizer]
 
 

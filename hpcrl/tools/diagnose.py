@@ -61,15 +61,16 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
         stat: [n] statistics, or [n_clients, n] per-client statistics (a parameter counts
             as zero only when it is zero for every client).
         eps: the floor the statistic competes with inside the square root: the optimiser's
-            eps, or per parameter (AdaGrad with a warm start: G0 of its shard + eps, with
-            ``stat`` the parameter's own G - G0).
+            eps, or per parameter (AdaGrad with a warm start: the parameter's G0 + eps, with
+            ``stat`` its own G - G0).
         mean_sq: AdaGrad only, [n] each parameter's mean squared gradient per update:
             (G - G0) / updates with the shard's warm start G0 saved, G / (t0 + updates)
             without.
 
     Returns:
         [{"name", "size", "zero", "fraction"[, "above_eps", "median_sqrt_stat"]
-        [, "median_rms_grad"]}], one per tensor, then one named "all".
+        [, "median_sqrt_floor"][, "median_rms_grad"]}], one per tensor, then one named "all"
+        ("median_sqrt_floor" where the floor differs between parameters).
     """
     stat2 = np.atleast_2d(stat)
     zero = ~np.any(stat2 != 0, axis=0)
@@ -77,6 +78,7 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
     if zero.size != n:
         raise DiagnoseError(f"the checkpoint holds {zero.size} statistics but the network has "
                             f"{n} parameters; was the config changed after the run?")
+    per_parameter = np.ndim(eps) > 0
     floor = None if eps is None else np.broadcast_to(np.asarray(eps, np.float64), (n,))
     bounds = np.cumsum([0] + [size for _, size in tensors])
     spans = [(name, lo, hi) for (name, _), lo, hi in zip(tensors, bounds[:-1], bounds[1:])]
@@ -89,6 +91,8 @@ def zero_fractions(tensors: Sequence[tuple[str, int]], stat: np.ndarray,
             part = stat2[:, lo:hi]
             row["above_eps"] = float(np.mean(part > floor[lo:hi]))
             row["median_sqrt_stat"] = float(np.sqrt(np.median(part)))
+            if per_parameter:
+                row["median_sqrt_floor"] = float(np.sqrt(np.median(floor[lo:hi])))
         if mean_sq is not None and hi > lo:
             row["median_rms_grad"] = float(np.sqrt(np.median(mean_sq[lo:hi])))
         rows.append(row)
@@ -110,20 +114,21 @@ def _ps_statistics(run_dir: Path) -> tuple[int, dict, list[np.ndarray], str]:
 def _adagrad_parts(run_dir: Path, gen: int, manifest: dict, G: list[np.ndarray], eps: float,
                    warmup: int):
     """AdaGrad, from the shards' ``G``: (each parameter's own G - G0, its floor G0 + eps, its
-    own mean squared gradient per update, the shards' G0) from a checkpoint that saved the
-    warm start G0 and the update count n; (G, eps, G / (t0 + n), None) from one that saved n
-    only; None from older ones."""
+    own mean squared gradient per update, True) from a checkpoint that saved the warm start G0
+    (per parameter, or one number per shard in older ones) and the update count n; (G, eps,
+    G / (t0 + n), False) from one that saved n only; None from older ones."""
     if not runfiles.has_dataset(run_dir, gen, manifest, "opt/n"):
         return None
     n = [int(k) for k in runfiles.ps_arrays(run_dir, gen, manifest, "opt/n")]
     if not runfiles.has_dataset(run_dir, gen, manifest, "opt/G0"):
         mean_sq = np.concatenate([g / max(k + warmup, 1) for g, k in zip(G, n)])
-        return np.concatenate(G), eps, mean_sq, None
-    G0 = [float(x) for x in runfiles.ps_arrays(run_dir, gen, manifest, "opt/G0")]
+        return np.concatenate(G), eps, mean_sq, False
+    G0 = [np.broadcast_to(np.asarray(x, np.float64), g.shape)
+          for x, g in zip(runfiles.ps_arrays(run_dir, gen, manifest, "opt/G0"), G)]
     own = [g - g0 for g, g0 in zip(G, G0)]
-    floor = np.concatenate([np.full(g.shape, g0 + eps) for g, g0 in zip(G, G0)])
+    floor = np.concatenate([g0 + eps for g0 in G0])
     mean_sq = np.concatenate([o / max(k, 1) for o, k in zip(own, n)])
-    return np.concatenate(own), floor, mean_sq, G0
+    return np.concatenate(own), floor, mean_sq, True
 
 
 def _tensors(cfg) -> list[tuple[str, int]]:
@@ -141,17 +146,15 @@ def diagnose_run(run_dir: str | Path) -> dict:
     gen, manifest, shards, name = _ps_statistics(run_dir)
     stat = np.concatenate(shards, axis=-1)
     tensors = _tensors(cfg)
-    floor, mean_sq, g0 = cfg.optim_eps, None, None
+    floor, mean_sq, warm = cfg.optim_eps, None, False
     parts = (_adagrad_parts(run_dir, gen, manifest, shards, cfg.optim_eps,
                             cfg.adagrad_warmup_updates) if name == "G" else None)
     if parts is not None:
-        stat, floor, mean_sq, g0 = parts
+        stat, floor, mean_sq, warm = parts
     report = {"run_dir": str(run_dir), "generation": gen, "frames": int(manifest["frames"]),
               "algo": cfg.algo, "game": cfg.game, "optimizer": cfg.optimizer, "statistic": name,
-              "optim_eps": cfg.optim_eps,
+              "optim_eps": cfg.optim_eps, "warm_start": warm,
               "tensors": zero_fractions(tensors, stat, floor, mean_sq)}
-    if g0 is not None:
-        report["warm_start_G0"] = g0
     return report
 
 
@@ -162,14 +165,11 @@ def format_text(report: dict) -> str:
              f"is 0 ({WHAT_ZERO_MEANS[report['statistic']]}; a bias at 0 is a dead unit):"]
     width = max(len(r["name"]) for r in report["tensors"])
     eps = report.get("optim_eps")
-    g0 = report.get("warm_start_G0")
-    if g0 is not None:
-        floor = float(np.median(g0)) + eps
-        lines.append(f"  (AdaGrad warm start: G0 = {', '.join(f'{x:.3g}' for x in g0)} per shard; "
-                     "the statistic below is each parameter's own G - G0, and it is adaptive "
-                     "where that passes G0 + eps)")
-        head = (f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above G0 + eps {floor:.3g}"
-                f"   median sqrt(stat) vs sqrt(G0 + eps) {floor ** 0.5:.3g}")
+    if report.get("warm_start"):
+        lines.append("  (AdaGrad warm start G0: the statistic below is each parameter's own "
+                     "G - G0, and it is adaptive where that passes its G0 + eps)")
+        head = (f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above G0 + eps  "
+                f"median sqrt(stat)   median sqrt(G0 + eps)")
     elif eps is not None:
         head = (f"  {'':<{width}} {'parameters':>12} {'at 0':>8}   above eps {eps:g} "
                 f"(adaptive)   median sqrt(stat) vs sqrt(eps) {eps ** 0.5:.3g}")
@@ -179,7 +179,10 @@ def format_text(report: dict) -> str:
         lines.append(head)
     for r in report["tensors"]:
         line = f"  {r['name']:<{width}} {r['size']:>12,} {100 * r['fraction']:6.1f} %"
-        if "above_eps" in r:
+        if "median_sqrt_floor" in r:
+            line += (f"   {100 * r['above_eps']:6.1f} %       {r['median_sqrt_stat']:<17.3g}"
+                     f"   {r['median_sqrt_floor']:<21.3g}")
+        elif "above_eps" in r:
             line += f"   {100 * r['above_eps']:6.1f} %{'':14}   {r['median_sqrt_stat']:<36.3g}"
         if "median_rms_grad" in r:
             line += f"   {r['median_rms_grad']:.3g}"

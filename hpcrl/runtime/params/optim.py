@@ -9,8 +9,12 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
 * ``adagrad``:    G += g^2;  theta -= lr * g / sqrt(G + eps)  (Gorila, Nair et al. 2015 §4).
                   G is float64: it only grows, and in float32 G + g^2 == G once G / g^2
                   passes 2^24 (about 1.7e7 steps of similar size; Gorila's runs take more).
-                  ``warmup_updates`` = t0 > 0 starts G at t0 mean(g_1^2), the shard's mean
-                  squared first gradient, as if t0 updates of that size had been applied.
+                  ``warmup_updates`` = t0 > 0 starts G at t0 mean(g_1^2), the mean squared
+                  first gradient of each network tensor (its piece in this shard), as if t0
+                  updates of that size had been applied. Per tensor because gradient scales
+                  differ by orders of magnitude between tensors (Pong: the output biases' rms
+                  gradient is ~1e4 times the fc weights'), so one mean over a shard would set
+                  most weights' G by a few biases and leave them plain SGD at a tiny rate.
                   AdaGrad's step on a parameter with gradients of steady size is then about
                   lr / sqrt(t0 + t) after t updates instead of lr / sqrt(t): the first steps
                   are not lr itself (a step of 0.05 per weight wrecks a network), and lr /
@@ -18,7 +22,8 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
                   Adam steps are about lr per weight). With G at 0 and a large eps instead,
                   the rule is plain SGD at lr / sqrt(eps) wherever G < eps, which for Atari
                   gradients of ~1e-4 is the whole run. ``n`` counts the shard's updates and
-                  ``G0`` keeps the warm start, so (G - G0) / n is each parameter's own mean
+                  ``G0`` (float32, per parameter) keeps the warm start, so (G - G0) / n is
+                  each parameter's own mean
                   squared gradient (``hpcrl.diagnose``).
 * ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
@@ -38,6 +43,7 @@ is the same array object for every client by construction.
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 import numpy as np
 
@@ -54,12 +60,32 @@ def fused_available() -> bool:
 KINDS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client")
 
 
+def tensor_pieces(tensor_sizes: Sequence[int], lo: int, hi: int) -> list[int]:
+    """Lengths, in order, of the pieces of the network's tensors (``tensor_sizes`` in the
+    flat vector's order) that fall in the flat range [lo, hi) of one shard."""
+    pieces, start = [], 0
+    for size in tensor_sizes:
+        a, b = max(start, lo), min(start + size, hi)
+        if a < b:
+            pieces.append(b - a)
+        start += size
+    return pieces
+
+
+def warm_start(grad: np.ndarray, pieces: Sequence[int], t0: int) -> np.ndarray:
+    """AdaGrad's G0: t0 times the mean squared gradient of each piece, per parameter."""
+    sq = np.square(grad, dtype=np.float64)
+    starts = np.cumsum([0] + list(pieces[:-1]))
+    means = np.add.reduceat(sq, starts) / np.asarray(pieces, np.float64)
+    return np.repeat(t0 * means, pieces).astype(np.float32)
+
+
 class ShardOptimizer:
     """Optimiser state and update rule for one shard of ``size`` floats."""
 
     def __init__(self, kind: str, size: int, n_clients: int, *, decay: float = 0.99,
                  eps: float = 0.1, momentum: float = 0.9, bias_correction: bool = False,
-                 warmup_updates: int = 0):
+                 warmup_updates: int = 0, pieces: Sequence[int] | None = None):
         if kind not in KINDS:
             raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
         if bias_correction and kind != "rmsprop_shared":
@@ -67,6 +93,9 @@ class ShardOptimizer:
         if warmup_updates and kind != "adagrad":
             raise ValueError(f"warmup_updates applies to adagrad only, not {kind!r}")
         self.warmup_updates = int(warmup_updates)
+        self.pieces = [size] if pieces is None else [int(k) for k in pieces]
+        if sum(self.pieces) != size or min(self.pieces, default=1) <= 0:
+            raise ValueError(f"tensor pieces {self.pieces} do not split a shard of {size}")
         self.kind, self.decay, self.eps, self.momentum = kind, decay, eps, momentum
         self.bias_correction = bias_correction
         self._tmp = np.empty(size, np.float32)
@@ -77,7 +106,7 @@ class ShardOptimizer:
         elif kind == "adagrad":
             self.state["G"] = np.zeros(size, np.float64)
             self.state["n"] = np.zeros((), np.int64)          # updates applied by this shard
-            self.state["G0"] = np.zeros((), np.float64)       # G's warm start (added to all)
+            self.state["G0"] = np.zeros(size, np.float32)     # G's warm start, per parameter
             self._tmp64 = np.empty(size, np.float64)
         elif kind == "rmsprop_shared":
             self.state["v"] = np.zeros(size, np.float32)
@@ -138,7 +167,7 @@ class ShardOptimizer:
         """G += g^2 in float64; theta_out = theta_in - lr g / sqrt(G + eps) in float32."""
         G, n = self.state["G"], self.state["n"]
         if n == 0 and self.warmup_updates:
-            self.state["G0"][...] = self.warmup_updates * np.mean(np.square(grad, dtype=np.float64))
+            self.state["G0"][...] = warm_start(grad, self.pieces, self.warmup_updates)
             G += self.state["G0"]
         n += 1
         if self.fused:
@@ -160,8 +189,10 @@ class ShardOptimizer:
         if self.kind == "adagrad" and "n" not in state and "G" in state:
             # checkpoints older than the update count: a nonzero G has seen its first update
             state = {**state, "n": np.int64(bool(np.any(state["G"])))}
-        if self.kind == "adagrad" and "G0" not in state:
-            state = {**state, "G0": np.float64(0.0)}          # older checkpoints: no warm start
+        if self.kind == "adagrad":
+            # older checkpoints: no warm start, or one number per shard
+            g0 = np.asarray(state.get("G0", 0.0), np.float32)
+            state = {**state, "G0": np.broadcast_to(g0, self.state["G0"].shape)}
         for k, v in self.state.items():
             if k not in state or np.shape(state[k]) != v.shape:
                 raise ValueError(f"optimizer state '{k}' missing or of shape "
