@@ -125,6 +125,10 @@ class Config:
                                  "at one replay ratio); 0 = learn as fast as they can (the "
                                  "paper)", lo=0)
     loss: str = _f("huber", "DQN loss on the TD error: huber | clip", choices=("huber", "clip"))
+    learner_precision: str = _f("float32", "Gorila learner's forward and backward: float32 | "
+                                "bfloat16 (the torso, convolutions and hidden layer, under "
+                                "CPU autocast; Q head, loss, gradient and parameters stay "
+                                "float32)", choices=("float32", "bfloat16"))
     outlier_k: float = _f(5.0, "drop gradients whose |loss| > running mean + k std (Gorila); 0 = off",
                           lo=0.0)
     epsilon_start: float = _f(1.0, "initial exploration epsilon", lo=0.0, hi=1.0)

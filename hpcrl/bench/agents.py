@@ -76,10 +76,10 @@ def _build(config: str | None, overrides: list[str], n_env: int = 1):
     return cfg, env, build_network(cfg, env.obs_shape, env.num_actions)
 
 
-def _setup(game: str):
+def _setup(game: str, overrides: list[str] = ()):
     from hpcrl.runtime.params.layout import ParamLayout
 
-    cfg, env, net = _build(None, [f"game={game}"])
+    cfg, env, net = _build(None, [f"game={game}", *overrides])
     return cfg, env, net, ParamLayout.from_module(net)
 
 
@@ -165,7 +165,10 @@ def _job_command(ranks: int, config: str, run_dir, launcher_args) -> list[str]:
             "--set", "checkpoint_every_min=0", "--set", "log_every_s=1"]
 
 
-def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
+def bench_learner(game: str, updates: int, blocks: int, fill: int,
+                  precision: str = "float32") -> dict:
+    """The Gorila learner's update (``learner_precision`` = ``precision``) against the plain
+    float32 torch update, alternating blocks in one process."""
     import torch
 
     from hpcrl.agents.base import TargetNetwork
@@ -175,7 +178,7 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
     from hpcrl.runtime.params.optim import ShardOptimizer
     from hpcrl.runtime.params.store import ShardServer
 
-    cfg, env, net, layout = _setup(game)
+    cfg, env, net, layout = _setup(game, [f"learner_precision={precision}"])
     target = build_network(cfg, env.obs_shape, env.num_actions)
     theta = layout.to_flat(net)
     store = _self_store(layout.size, theta)
@@ -217,6 +220,7 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int) -> dict:
     replay84 = ReplayMemory(10_000, (84, 84), np.uint8, 4, 0)
     store.free()
     return {"bench": "learner", "game": game, "batch_size": cfg.batch_size,
+            "learner_precision": precision,
             "learner_updates_per_s": med["real"], "torch_updates_per_s": med["torch"],
             "gradient_updates_per_s": med["gradient"],
             "fraction": med["real"] / med["torch"],
@@ -616,19 +620,20 @@ def bench_gorila_scaling(ranks: int, runs: int, seconds: float, warmup: float,
     cores = _n_cores()
     bound_s = max(10.0, seconds / 3)
     bounds = [concurrent_bound(cores, every, bound_s)]
-    offline = [bench_learner("pong", 20, 3, 5000)]
+    offline = [bench_learner("pong", 20, 3, 5000, cfg.learner_precision)]
     jobs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
             jobs.append(_gorila_job(ranks, seconds, warmup, f"{tmp}/job{i}", list(overrides),
                                     list(launcher_args)))
             bounds.append(concurrent_bound(cores, every, bound_s))
-            offline.append(bench_learner("pong", 20, 3, 5000))
+            offline.append(bench_learner("pong", 20, 3, 5000, cfg.learner_precision))
     bound = float(np.median(bounds))
     torch_rate = float(np.median([o["torch_updates_per_s"] for o in offline]))
     grad_rate = float(np.median([o["gradient_updates_per_s"] for o in offline]))
     ups = [j["updates_per_s"] for j in jobs]
     return {"bench": "scaling", "algo": "gorila", "ranks": ranks, "mode": cfg.mode,
+            "learner_precision": cfg.learner_precision,
             "overrides": list(overrides), "cores": cores, "update_every": every,
             "seconds": seconds,
             "job_updates_per_s": float(np.median(ups)),
@@ -695,6 +700,8 @@ def main(what: str, argv: list[str]) -> dict:
     p.add_argument("--updates", type=int, default=20, help="learner: updates per block")
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--fill", type=int, default=5000, help="learner: replay transitions")
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"),
+                   help="learner: the learner's learner_precision (the plain loop: float32)")
     p.add_argument("--algo", default="a3c", help="scaling: algorithm (its <algo>_pong config)")
     p.add_argument("--seconds", type=float, default=60.0, help="scaling: measured window")
     p.add_argument("--warmup", type=float, default=15.0, help="scaling: seconds skipped")
@@ -728,5 +735,5 @@ def main(what: str, argv: list[str]) -> dict:
     if what == "actor":
         return bench_actor(args.game, args.steps, args.blocks)
     if what == "learner":
-        return bench_learner(args.game, args.updates, args.blocks, args.fill)
+        return bench_learner(args.game, args.updates, args.blocks, args.fill, args.precision)
     raise SystemExit(f"unknown benchmark {what!r}: choose ps, actor or learner")

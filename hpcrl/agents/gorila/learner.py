@@ -13,6 +13,7 @@ import torch
 from hpcrl.config import Config
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.rl.losses import dqn_loss, q_learning_td
+from hpcrl.rl.networks import q_values
 from hpcrl.rl.policies import LossOutlierFilter
 from hpcrl.runtime.params.layout import ParamLayout
 
@@ -27,6 +28,7 @@ class GorilaLearner:
         self.layout.bind_grads(net, self.grad)          # backward() writes the flat gradient
         self.outliers = LossOutlierFilter(cfg.outlier_k) if cfg.outlier_k > 0 else None
         self.stats = LearnerStats()
+        self.torso_dtype = torch.bfloat16 if cfg.learner_precision == "bfloat16" else None
 
     def get_state(self) -> dict:
         state = self.stats.get_state()
@@ -51,9 +53,9 @@ class GorilaLearner:
             # ``python -m hpcrl.bench learner``); the weights stay in the flat vector's layout
             s_tm1 = s_tm1.contiguous(memory_format=torch.channels_last)
             s_t = s_t.contiguous(memory_format=torch.channels_last)
-        q_tm1 = self.net(s_tm1)
+        q_tm1 = q_values(self.net, s_tm1, self.torso_dtype)
         with torch.no_grad():
-            q_t = self.target(s_t)
+            q_t = q_values(self.target, s_t, self.torso_dtype)
         td = q_learning_td(q_tm1, torch.from_numpy(batch.a_tm1), torch.from_numpy(batch.r_t),
                            torch.from_numpy(batch.discount_t), q_t, self.cfg.gamma)
         loss = dqn_loss(td, self.cfg.loss)
