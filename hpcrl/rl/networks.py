@@ -83,14 +83,13 @@ def q_values(net: nn.Module, obs: torch.Tensor, torso_dtype: torch.dtype | None 
     With ``torso_dtype`` (torch.bfloat16) the torso runs under CPU autocast: oneDNN's bfloat16
     convolutions and matmuls take about 0.7 of the float32 time of a Nature-DQN update on
     AVX512-BF16 cores (``python -m hpcrl.bench learner``). Its output returns to float32 before
-    the Q head, so Q-values, TD errors and the loss keep float32 resolution; the parameters
-    and their gradients are float32 either way (autocast casts weights per op).
+    the Q head, so the Q head, TD errors and the loss run in float32; the parameters and
+    their gradients are float32 either way (autocast casts weights per op).
     """
-    x = _scale_input(obs)
     if torso_dtype is None:
-        return net.q_head(net.torso(x))
+        return net(obs)
     with torch.autocast("cpu", dtype=torso_dtype):
-        h = net.torso(x)
+        h = net.torso(_scale_input(obs))
     return net.q_head(h.float())
 
 
