@@ -250,6 +250,7 @@ def test_learner_gradient_on_images_equals_a_plain_torch_reference(precision):
     from hpcrl.config import load_config
     from hpcrl.rl.networks import NatureQNetwork
     from hpcrl.rl.types import Transition
+    from hpcrl.runtime.params.layout import ParamLayout
 
     torch.manual_seed(1)
     cfg = load_config(None, ["outlier_k=0", f"learner_precision={precision}"])
@@ -276,20 +277,14 @@ def test_learner_gradient_on_images_equals_a_plain_torch_reference(precision):
     # different minibatches, the noise SGD already carries; the float32 Q head's is ~0.5 %.
     rel = np.linalg.norm(grad - ref) / np.linalg.norm(ref)
     assert 1e-5 < rel < 0.15, rel
-    for tensor, (start, stop) in zip(net.parameters(), _tensor_bounds(net)):
+    layout = ParamLayout.from_module(net)
+    for name, start, stop in zip(layout.names, layout.offsets, layout.offsets[1:] + (layout.size,)):
         err = np.linalg.norm(grad[start:stop] - ref[start:stop])
-        assert err <= 0.15 * np.linalg.norm(ref[start:stop]), tensor.shape
+        assert err <= 0.15 * np.linalg.norm(ref[start:stop]), name
     other = Transition(s_t, a, r[::-1].copy(), d, s_tm1)            # another minibatch
-    ref_net.zero_grad()
     learner32 = GorilaLearner(ref_net, target, load_config(None, ["outlier_k=0"]))
     between = np.linalg.norm(learner32.gradient(other) - ref) / np.linalg.norm(ref)
     assert rel < 0.1 * between, (rel, between)
-
-
-def _tensor_bounds(net) -> list[tuple[int, int]]:
-    """(start, stop) of each parameter tensor in the flat vector (``parameters()`` order)."""
-    sizes = np.cumsum([0] + [p.numel() for p in net.parameters()])
-    return list(zip(sizes[:-1], sizes[1:]))
 
 
 @pytest.mark.mpi
