@@ -154,10 +154,16 @@ class Config:
     anneal_frames: int = _f(4_000_000, "frames over which async epsilons anneal from 1", lo=1)
 
     # --- evaluation --------------------------------------------------------------------------
-    eval_every_frames: int = _f(1_000_000, "evaluate every this many frames per evaluating rank; "
-                                "0 = never", lo=0)
+    eval_every_frames: int = _f(1_000_000, "each evaluating rank (evaluator ranks, else every "
+                                "acting rank) evaluates every this many of its own frames, the "
+                                "ranks staggered: about one evaluation per this many frames of "
+                                "the job; 0 = never", lo=0)
     eval_episodes: int = _f(5, "episodes per evaluation", lo=1)
     eval_epsilon: float = _f(0.05, "epsilon during evaluation", lo=0.0, hi=1.0)
+    final_eval_episodes: int = _f(30, "episodes of the final weights played once the budget is "
+                                  "spent or early_stop ends the run, shared out among the "
+                                  "evaluating ranks (metrics.h5 group final; 30 in Mnih et al. "
+                                  "2015 and 2016); 0 = none", lo=0)
     early_stop: bool = _f(False, "end the run (exit 0, final checkpoint) once the mean return of "
                           "the last 20 evaluation episodes (training episodes if the run does not "
                           "evaluate) reaches early_stop_return")

@@ -16,7 +16,7 @@ Nothing here imports torch or MPI.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -60,6 +60,15 @@ class Worker(Protocol):
 
     def set_state(self, state: dict) -> None:
         """Continue from a ``get_state`` of a worker built with the same config."""
+
+    def pull_final(self) -> None:
+        """After the final checkpoint: pull the final parameters into the network that
+        :meth:`final_evaluation` plays with (nothing for a worker that does not evaluate)."""
+
+    def final_evaluation(self, episodes: int, seed: int,
+                         on_step: Callable[[], None]) -> list[tuple[float, int]]:
+        """Play ``episodes`` evaluation episodes with the pulled final parameters, on
+        environments seeded from ``seed``; (return, length in frames) of each."""
 
     def close(self) -> None:
         """Release environments."""

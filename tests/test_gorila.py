@@ -31,7 +31,7 @@ def assert_pong_metrics(m, algo, total_frames):
     assert m["status"] == "finished"
     assert m["attrs"]["algo"] == algo and m["attrs"]["game"] == "pong"
     assert f"total_frames = {total_frames}" in m["attrs"]["config"]
-    for group in ("episodes", "eval", "train"):
+    for group in ("episodes", "eval", "train", "final"):
         assert group in m
     for col in ("frames", "return", "length", "rank", "wall_time"):
         assert col in m["episodes"]
@@ -41,16 +41,25 @@ def assert_pong_metrics(m, algo, total_frames):
     assert m["train"]["frames"][-1] >= total_frames
 
 
+#: Final evaluation episodes of the Pong smoke runs: one per evaluating rank (30 untrained
+#: Pong episodes would cost more than the run).
+SMOKE_FINAL_EPISODES = 2
+
+
 def pong_smoke_run(tmp_path, algo, n, total_frames=20000, sets=()):
     """``mpiexec -n n`` of configs/<algo>_pong.toml for ``total_frames``: exit 0 and the common
-    metrics schema; returns (run dir, metrics)."""
+    metrics schema, a final evaluation of ``SMOKE_FINAL_EPISODES``; returns (run dir,
+    metrics)."""
     run_dir = tmp_path / "pong"
+    sets = [f"final_eval_episodes={SMOKE_FINAL_EPISODES}", *sets]
     proc, _ = run_mpi(n, ["-m", "hpcrl.run", "--config", f"configs/{algo}_pong.toml",
                           "--set", f"total_frames={total_frames}", "--set", f"run_dir={run_dir}",
                           *[a for kv in sets for a in ("--set", kv)]], timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = read_metrics(run_dir / "metrics.h5")
     assert_pong_metrics(m, algo, total_frames)
+    assert len(m["final"]["return"]) == SMOKE_FINAL_EPISODES
+    assert ((m["final"]["return"] >= -21) & (m["final"]["return"] <= 21)).all()
     return run_dir, m
 
 
@@ -58,7 +67,8 @@ def test_pong_smoke_writes_metrics(tmp_path):
     run_dir, m = pong_smoke_run(tmp_path, "gorila", 3)         # 1 ps + 2 bundles
     train = m["train"]
     assert (run_dir / "config.toml").exists()
-    # the analysis tool on this real run: training episodes (no eval yet), Pong's no-op pair
+    # the analysis tool on this real run: the final evaluation (no periodic one yet), Pong's
+    # no-op pair
     import json
     import subprocess
     import sys
@@ -68,10 +78,10 @@ def test_pong_smoke_writes_metrics(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)["games"][0]
-    returns = m["episodes"]["return"][-30:]
+    returns = m["final"]["return"]
     expected_hns = (returns.mean() - (-20.7)) / (14.6 - (-20.7))   # Pong random -20.7, human 14.6
     assert (row["game"], row["algo"], row["status"], row["score_source"]) == \
-        ("pong", "gorila", "finished", "train")
+        ("pong", "gorila", "finished", "final")
     assert row["frames"] == [int(train["frames"][-1])]
     assert row["score_mean"] == pytest.approx(returns.mean())
     assert row["hns"] == pytest.approx(expected_hns)

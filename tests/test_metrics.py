@@ -219,7 +219,7 @@ def test_rollback_masks_every_group_by_frames(tmp_path):
     np.testing.assert_array_equal(data["episodes"]["rank"], [0, 2, 0])
     np.testing.assert_array_equal(data["eval"]["return"], [7.0])
     np.testing.assert_array_equal(data["train"]["updates"], [1, 2])
-    assert [w.rows(g) for g in GROUPS] == [3, 1, 2]
+    assert [w.rows(g) for g in GROUPS] == [3, 1, 2, 0]
     assert w.wall_time_s() >= 5.0  # the clock continues from the kept rows
     w.append("episodes", frames=30, return_=3.5, length=1, rank=1)
     w.close()

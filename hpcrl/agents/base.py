@@ -1,4 +1,5 @@
-"""Parts the workers of both families share: the defaults of the worker interface, the target
+"""Parts the workers of both families share: the defaults of the worker interface (a worker
+that does not evaluate plays no final evaluation), the target
 network that follows the store's target copy and when a client asks for its refresh, and
 torch's RNG state in a checkpoint."""
 
@@ -24,6 +25,12 @@ class WorkerBase:
 
     def after_checkpoint(self) -> None:
         pass
+
+    def pull_final(self) -> None:
+        pass
+
+    def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
+        return []
 
     def close(self) -> None:
         pass

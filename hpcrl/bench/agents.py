@@ -154,7 +154,8 @@ def _plain_update(net, target, obs_all: np.ndarray, actions, rng, batch_size: in
 
 def _job_command(ranks: int, config: str, run_dir, launcher_args) -> list[str]:
     """mpiexec (the venv's when it has one) running ``config`` on ``ranks`` ranks with an
-    endless budget, one metrics row per second and no periodic checkpoint."""
+    endless budget, one metrics row per second, no periodic checkpoint and no periodic
+    evaluation (a benchmark times training; the signal that ends it skips the final one)."""
     import sys
     from pathlib import Path
 
@@ -162,7 +163,8 @@ def _job_command(ranks: int, config: str, run_dir, launcher_args) -> list[str]:
     return [str(mpiexec) if mpiexec.exists() else "mpiexec", *launcher_args, "-n", str(ranks),
             sys.executable, "-m", "hpcrl.run", "--config", config,
             "--set", "total_frames=10000000000", "--set", f"run_dir={run_dir}",
-            "--set", "checkpoint_every_min=0", "--set", "log_every_s=1"]
+            "--set", "checkpoint_every_min=0", "--set", "log_every_s=1",
+            "--set", "eval_every_frames=0"]
 
 
 def bench_learner(game: str, updates: int, blocks: int, fill: int,
@@ -494,7 +496,7 @@ def _gorila_job(ranks: int, seconds: float, warmup: float, run_dir, overrides: l
     from hpcrl.io.metrics import MetricsError, read_metrics
 
     cmd = [*_job_command(ranks, "configs/gorila_pong.toml", run_dir, launcher_args),
-           "--set", "checkpoint_replay=false", "--set", "eval_every_frames=0",
+           "--set", "checkpoint_replay=false",
            "--set", "replay_capacity=30000", "--set", "replay_min_fill=4000"]
     for item in overrides:
         cmd += ["--set", item]

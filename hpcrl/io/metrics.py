@@ -11,11 +11,16 @@ Schema (other modules and the analysis depend on it):
     /                      attrs: algo, game, seed, config (resolved TOML text), hpcrl_version,
                                   schema_version, created_unix, started_unix, num_starts
     /episodes/<column>     1-D, one row per finished training episode (COLUMNS["episodes"])
-    /eval/<column>         1-D, one row per evaluation episode (same columns)
+    /eval/<column>         1-D, one row per periodic evaluation episode (same columns)
+    /final/<column>        1-D, one row per episode of the final evaluation of the final
+                           weights (same columns; schema 2; empty until the run ends)
     /train/<column>        1-D, one row per progress report, counters cumulative
     /status/state          scalar S16: running | finished | failed | preempted
     /status/heartbeat_unix scalar float64: time.time() at the last flush
-    /status/committed_rows int64[3]: rows of (episodes, eval, train) that are complete
+    /status/committed_rows int64[4]: rows of (episodes, eval, train, final) that are complete
+
+Schema 1 files (no `final` group, three row counts) read with an empty `final` group, and a
+resume rewrites them as schema 2.
 
 Why the status lives in datasets, not attributes: HDF5's SWMR documentation lists creating or
 modifying attributes among the operations a SWMR writer may not do (readers get no consistency
@@ -70,7 +75,7 @@ import numpy as np
 
 from hpcrl.io.files import fsync_dir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _EPISODE_COLUMNS = {
     "frames": np.int64,  # global env frames at the end of the episode
@@ -83,6 +88,7 @@ _EPISODE_COLUMNS = {
 COLUMNS: dict[str, dict[str, type]] = {
     "episodes": dict(_EPISODE_COLUMNS),
     "eval": dict(_EPISODE_COLUMNS),
+    "final": dict(_EPISODE_COLUMNS),
     "train": {
         "frames": np.int64,  # global env frames at the report
         "updates": np.int64,  # cumulative parameter updates applied
@@ -94,7 +100,7 @@ COLUMNS: dict[str, dict[str, type]] = {
         "wall_time": np.float64,  # seconds since the run started (summed over restarts)
     },
 }
-GROUPS: tuple[str, ...] = ("episodes", "eval", "train")
+GROUPS: tuple[str, ...] = ("episodes", "eval", "train", "final")
 STATUSES: tuple[str, ...] = ("running", "finished", "failed", "preempted")
 REQUIRED_ATTRS: tuple[str, ...] = ("algo", "game", "seed", "config")
 IDENTITY_ATTRS: tuple[str, ...] = ("algo", "game", "seed")
@@ -221,7 +227,11 @@ def _read_open_file(f: h5py.File) -> dict[str, Any]:
         "status": _as_python(f["status/state"][()]),
         "heartbeat_unix": float(f["status/heartbeat_unix"][()]),
     }
-    for group, num_rows in zip(GROUPS, committed):
+    for i, group in enumerate(GROUPS):
+        if i >= len(committed) or group not in f:     # an older schema without the group
+            out[group] = _empty_columns(group)
+            continue
+        num_rows = committed[i]
         datasets = {name: f[group][name] for name in COLUMNS[group]}
         # A column shorter than committed_rows means a damaged file: cut all to the shortest.
         num_rows = min([int(num_rows)] + [ds.shape[0] for ds in datasets.values()])
@@ -240,7 +250,7 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
 
     Returns:
       `{"path", "attrs": {...}, "status": str, "heartbeat_unix": float, "episodes": {column:
-      array}, "eval": {...}, "train": {...}}`; columns as in `COLUMNS`, each group's columns of
+      array}, "eval": {...}, "train": {...}, "final": {...}}`; columns as in `COLUMNS`, each group's columns of
       equal length (the rows the writer had committed at its last flush).
 
     Raises:
@@ -415,7 +425,7 @@ class MetricsWriter:
         """Buffers one row (scalars) or many rows (1-D arrays of one length; scalars repeat).
 
         Args:
-          group: "episodes", "eval" or "train".
+          group: "episodes", "eval", "train" or "final".
           **columns: every column of `COLUMNS[group]`; `wall_time` is optional. Python
             cannot spell `return=` as a keyword: pass `**{"return": x}` or `return_=x`.
         """
@@ -463,10 +473,12 @@ class MetricsWriter:
         self.flush()
 
     def rollback(self, frames: int) -> None:
-        """Keeps only rows with `frames <= frames` in every group (after a resume).
+        """Keeps only rows with `frames <= frames` in every group (after a resume), and no
+        `final` rows at all.
 
         The checkpoint being resumed was taken at `frames` global env frames; rows written
-        after it would be played again and duplicated. Rows are selected by mask, not by
+        after it would be played again and duplicated. The final evaluation follows the
+        last checkpoint, so a resume from it plays the final evaluation again. Rows are selected by mask, not by
         position, because several ranks' episodes may arrive slightly out of frame order.
         Rewrites the file (see the module docstring): safe while readers hold it open.
         """
@@ -478,6 +490,8 @@ class MetricsWriter:
         kept = {}
         for group in GROUPS:
             keep = old[group]["frames"] <= int(frames)
+            if group == "final":
+                keep[:] = False
             kept[group] = {name: col[keep] for name, col in old[group].items()}
         self._write_new_file(kept)
 

@@ -4,7 +4,8 @@ Per iteration: poll the coordinator (which also feeds the watchdog); at a coordi
 checkpoint send the learner's counters, the marker to rank 0 and the worker's own markers,
 wait until no gradient of this rank is in flight, write the state and stop or carry on; once
 the job-wide frame budget is spent, ask for the final generation; otherwise one worker step,
-and the learner's counters to rank 0 every ``STATS_EVERY`` steps.
+and the learner's counters to rank 0 every ``STATS_EVERY`` steps. After the final generation
+of a spent budget, the final evaluation (:mod:`hpcrl.runtime.final`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 
 from hpcrl.core import Worker
+from hpcrl.runtime import final
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_BUDGET
 
@@ -43,6 +45,8 @@ def run_client(ctx: Context, worker: Worker) -> None:
         steps += 1
         if steps % STATS_EVERY == 0:
             _send_stats(ctx, worker)
+    if final.final_due(ctx):
+        final.client_phase(ctx, worker)
     worker.close()
 
 

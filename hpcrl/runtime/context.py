@@ -16,8 +16,12 @@ from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.topology import Layout
 
 # Messages from clients to rank 0 (float64 rows on a dedicated communicator).
-TAG_EPISODE, TAG_STATS, TAG_CKPT = 11, 12, 14
-EPISODE_FIELDS = ("kind", "frames", "return", "length", "rank", "wall_time")  # kind 0 train, 1 eval
+TAG_EPISODE, TAG_STATS, TAG_CKPT, TAG_FINAL, TAG_ALIVE = 11, 12, 14, 15, 16
+#: kind 0 training, 1 periodic evaluation, 2 final evaluation (EPISODE_GROUPS[kind])
+EPISODE_FIELDS = ("kind", "frames", "return", "length", "rank", "wall_time")
+EPISODE_GROUPS = ("episodes", "eval", "final")
+#: A client playing the final evaluation tells rank 0 it is alive at most this often.
+ALIVE_EVERY_S = 10.0
 ROW_FLOATS = max(len(EPISODE_FIELDS), len(STATS_FIELDS))
 
 
@@ -33,11 +37,25 @@ class ClientLink:
     def __init__(self, mcomm: MPI.Comm, rank: int):
         self.mcomm, self.rank = mcomm, rank
         self.t0 = time.monotonic()
+        self._alive_at = 0.0
 
-    def episode(self, frames: int, ret: float, length: int, eval_: bool = False) -> None:
-        row = np.array([1.0 if eval_ else 0.0, frames, ret, length, self.rank,
-                        time.monotonic() - self.t0])
+    def episode(self, frames: int, ret: float, length: int, eval_: bool = False,
+                final: bool = False) -> None:
+        kind = 2 if final else 1 if eval_ else 0
+        row = np.array([kind, frames, ret, length, self.rank, time.monotonic() - self.t0],
+                       np.float64)
         self.mcomm.Send(row, 0, TAG_EPISODE)
+
+    def alive(self) -> None:
+        """During the final evaluation: this client still plays (rate-limited)."""
+        now = time.monotonic()
+        if now - self._alive_at >= ALIVE_EVERY_S:
+            self._alive_at = now
+            self.mcomm.Send(np.zeros(1), 0, TAG_ALIVE)
+
+    def final_done(self) -> None:
+        """Every final-evaluation episode of this client has been sent."""
+        self.mcomm.Send(np.zeros(1), 0, TAG_FINAL)
 
     def stats(self, stats: LearnerStats) -> None:
         self.mcomm.Send(stats.as_row(), 0, TAG_STATS)

@@ -7,6 +7,8 @@ honour them carry one call each and no variable names:
 ``HPCRL_FAULT_RANK=r``         rank r raises right after start-up (the job-abort path)
 ``HPCRL_HANG_RANK=r``          rank r stops making progress after start-up (the watchdog)
 ``HPCRL_CKPT_FAIL_RANK=r``     rank r's checkpoint file writes fail with "no space left"
+``HPCRL_FREEZE_FINAL_RANK=r``  rank r stops itself (SIGSTOP, its watchdog too) as its final
+                               evaluation begins
 ``HPCRL_CHECKPOINT_ON_START``  rank 0 asks for a checkpoint generation as soon as it can
 ``HPCRL_PHASE_TIMES_DIR=D``    actor-learners and ps ranks append phase timings under D
                                (``python -m hpcrl.bench scaling`` sets it for its jobs)
@@ -33,6 +35,15 @@ def after_startup(rank: int) -> None:
         raise RuntimeError(f"injected fault on rank {rank}")
     if _rank_is("HPCRL_HANG_RANK", rank):
         time.sleep(1e9)
+
+
+def before_final_evaluation(rank: int) -> None:
+    """Freeze this rank at the start of its final evaluation, if asked (rank 0 names it): a
+    stopped process, as a node stuck on a file system is, whose watchdog cannot fire."""
+    if _rank_is("HPCRL_FREEZE_FINAL_RANK", rank):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def checkpoint_write_fails(rank: int) -> bool:

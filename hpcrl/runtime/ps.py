@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hpcrl.config import Config
-from hpcrl.runtime import hooks
+from hpcrl.runtime import final, hooks
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_BUDGET, STOP_SIGNAL
 from hpcrl.runtime.params.header import Word
@@ -69,6 +69,8 @@ def run_ps(ctx: Context) -> None:
                                on_tick)
     stop = server.serve(idle_sleep_s=cfg.ps_idle_sleep_ms / 1e3, on_tick=on_tick, coord=ctx.coord,
                         before_write=reporter.before_checkpoint if reporter else None)
+    if final.final_due(ctx):
+        final.server_phase(ctx, reporter)
     if reporter:
         reporter.finish("preempted" if stop == STOP_SIGNAL else "finished")
 
@@ -136,3 +138,5 @@ def run_replay(ctx: Context) -> None:
     if ctx.state is not None:
         server.set_state(ctx.state)
     server.serve(coord=ctx.coord, save_replay=cfg.checkpoint_replay)
+    if final.final_due(ctx):
+        final.server_phase(ctx)

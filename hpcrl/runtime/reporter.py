@@ -16,7 +16,9 @@ from hpcrl.version import __version__
 from hpcrl.config import Config, to_toml
 from hpcrl.core import STATS_FIELDS
 from hpcrl.io.metrics import MetricsWriter
-from hpcrl.runtime.context import EPISODE_FIELDS, ROW_FLOATS, TAG_CKPT, TAG_EPISODE, TAG_STATS
+from hpcrl.runtime import watchdog
+from hpcrl.runtime.context import EPISODE_FIELDS, EPISODE_GROUPS, ROW_FLOATS, TAG_CKPT, \
+    TAG_EPISODE, TAG_FINAL, TAG_STATS
 from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.topology import Layout
 
@@ -32,6 +34,18 @@ def early_stop_reason(train_returns: list[float], eval_returns: list[float],
         return None
     return (f"mean return of the last {window} {kind} episodes "
             f"{np.mean(returns[-window:]):.1f} >= {threshold}")
+
+
+def final_summary(rows: list[tuple[float, float]], seconds: float) -> str:
+    """The log line of the final evaluation: episodes, mean return and its spread, cost."""
+    if not rows:
+        return "final evaluation: no episodes"
+    returns = np.array([r for r, _ in rows])
+    frames = int(sum(n for _, n in rows))
+    return (f"final evaluation: {len(rows)} episodes, mean return {returns.mean():.2f} "
+            f"(std {returns.std():.2f}, min {returns.min():g}, max {returns.max():g}), "
+            f"{frames:,} frames in {seconds:.1f} s ({frames / max(seconds, 1e-9):,.0f} "
+            "frames/s over the evaluating ranks)")
 
 
 class Reporter:
@@ -61,6 +75,8 @@ class Reporter:
         self.loss_at_report = (0.0, 0.0)
         self.returns: list[float] = []
         self.eval_returns: list[float] = []
+        self.final_rows: list[tuple[float, float]] = []     # (return, length) of each
+        self.final_done: set[int] = set()      # clients whose final evaluation is complete
         self.episodes = 0
         self.t0 = time.monotonic()
         self.last_report = (self.t0, self.resume_frames)
@@ -80,13 +96,17 @@ class Reporter:
             self.heard[src] = time.monotonic()
             if tag == TAG_EPISODE:
                 row = dict(zip(EPISODE_FIELDS, self.buf))
-                group = "eval" if row["kind"] == 1 else "episodes"
+                group = EPISODE_GROUPS[int(row["kind"])]
                 self.writer.append(group, **{k: row[k] for k in EPISODE_FIELDS[1:]})
                 if group == "episodes":
                     self.returns.append(row["return"])
                     self.episodes += 1
-                else:
+                elif group == "eval":
                     self.eval_returns.append(row["return"])
+                else:
+                    self.final_rows.append((row["return"], row["length"]))
+            elif tag == TAG_FINAL:
+                self.final_done.add(src)
             elif tag == TAG_STATS:
                 self.stats[src] = self.buf[:len(STATS_FIELDS)].copy()
             elif tag == TAG_CKPT:
@@ -149,6 +169,29 @@ class Reporter:
         return "; ".join(f"rank {r} ({self.roles[r]}) on host {host(r)}, last heard from "
                          f"{now - self.heard[r]:.0f} s ago"
                          for r in self.clients if r not in self.marked)
+
+    def collect_final(self, ranks: tuple[int, ...], stall_s: float) -> None:
+        """Gather the final evaluation's episodes until each of ``ranks`` said it is done;
+        prints their summary. A rank not heard from (episode or alive message) for
+        ``stall_s`` is named in a RuntimeError: rank 0 does not wait for a frozen peer."""
+        t0 = time.monotonic()
+        for r in ranks:
+            self.heard[r] = t0
+        while not self.final_done.issuperset(ranks):
+            self.drain()
+            watchdog.beat()
+            now = time.monotonic()
+            silent = [r for r in ranks if r not in self.final_done
+                      and now - self.heard[r] > stall_s]
+            if silent:
+                self.writer.flush()
+                host = (lambda r: self.hosts[r]) if self.hosts else (lambda r: "?")
+                raise RuntimeError("final evaluation: no word from " + "; ".join(
+                    f"rank {r} ({self.roles[r]}) on host {host(r)} for "
+                    f"{now - self.heard[r]:.0f} s" for r in silent))
+            time.sleep(1e-3)
+        self.writer.flush()
+        print(f"[hpcrl] {final_summary(self.final_rows, time.monotonic() - t0)}", flush=True)
 
     def finish(self, status: str = "finished") -> None:
         self.drain()

@@ -65,12 +65,24 @@ class Layout:
     def index_in_role(self, rank: int) -> int:
         return self.ranks_of(self.roles[rank]).index(rank)
 
+    @property
+    def evaluating_ranks(self) -> tuple[int, ...]:
+        """Ranks that play evaluation episodes, in rank order: the evaluator ranks if the layout
+        has any, else every rank that acts (actors, bundles, actor-learners)."""
+        return self.ranks_of(Role.EVALUATOR) or self.ranks_of(Role.ACTOR, Role.ACTOR_LEARNER)
+
     def role_names(self) -> list[str]:
         """``roles`` as strings, as checkpoint manifests record them."""
         return [r.value for r in self.roles]
 
     def counts(self) -> dict[str, int]:
         return {role.value: len(self.ranks_of(role)) for role in Role if self.ranks_of(role)}
+
+
+def even_share(total: int, index: int, count: int) -> int:
+    """Member ``index`` of ``count``'s part of ``total`` (episodes, environments) split as
+    evenly as possible, the first members one more."""
+    return total // count + (1 if index < total % count else 0)
 
 
 def derive_n_ps(world_size: int) -> int:

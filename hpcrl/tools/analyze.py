@@ -2,9 +2,10 @@
 
 Reads every `metrics.h5` under the given run directories (laid out as
 `results/<algo>/<game>/seed-<seed>/`), also while the runs are still being written or after
-they crashed, and reports per game: seeds, frames reached, final score (mean of the last N
-evaluation episodes, as in Mnih et al. 2015; training episodes, marked `*`, when a run has no
-evaluation episodes), the human-normalised score
+they crashed, and reports per game: seeds, frames reached, final score (the mean of the
+final evaluation of the final weights, 30 episodes, as in Mnih et al. 2015, once the run has
+one; until then the mean of the last N periodic evaluation episodes; training episodes, marked
+`*`, when a run has no evaluation episodes), the human-normalised score
 
     HNS = (agent - random) / (human - random)             (Mnih et al. 2015; Nair et al. 2015)
 
@@ -287,8 +288,8 @@ class RunResult:
     seed: int | None
     status: str  # running | finished | failed | preempted | stale | unreadable
     frames: int = 0  # largest global frame count recorded
-    score: float = math.nan  # mean of the last N episodes (eval, else training)
-    score_source: str = ""  # "eval" | "train" | "" (no episodes yet)
+    score: float = math.nan  # the final evaluation's mean, else of the last N episodes
+    score_source: str = ""  # "final" | "eval" | "train" | "" (no episodes yet)
     num_episodes_used: int = 0
     error: str = ""
     curve_frames: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
@@ -326,7 +327,10 @@ def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
     source = "eval" if data["eval"]["frames"].size else "train"
     episodes = data["eval" if source == "eval" else "episodes"]
     score, n_used = final_score(episodes["frames"], episodes["return"], last_n)
-    frames = max([int(data[g]["frames"].max()) for g in ("episodes", "eval", "train")
+    final = data["final"]["return"]
+    if final.size:      # the final weights' own evaluation (hpcrl.runtime.final): all of it
+        source, score, n_used = "final", float(np.mean(final)), int(final.size)
+    frames = max([int(data[g]["frames"].max()) for g in ("episodes", "eval", "train", "final")
                   if data[g]["frames"].size] + [0])
     return RunResult(
         path=str(path),
@@ -598,9 +602,9 @@ def _markdown_table(header: list[str], body: list[list[str]]) -> str:
 
 
 def _notes(report: dict) -> list[str]:
-    notes = [f"score: mean of the last {report['last_n']} evaluation episodes per seed, then mean "
-             f"± std [min, max] over seeds; * = training episodes (run has no evaluation "
-             f"episodes)",
+    notes = [f"score: mean of each seed's final evaluation (source final), else of its last "
+             f"{report['last_n']} evaluation episodes (eval), then mean ± std [min, max] over "
+             f"seeds; * = training episodes (run has no evaluation episodes)",
              f"HNS = (score - random) / (human - random) with {report['reference_file']}; "
              f"published columns use the pair of their own start condition"]
     if PROTOCOLS[report["protocol"]][1] != OUR_STARTS or any(
@@ -851,7 +855,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("paths", nargs="+", help="run directories (results/<algo>/<game>/seed-<n>) "
                    "or trees of them, or metrics.h5 files")
     p.add_argument("--last", type=int, default=DEFAULT_LAST_N, metavar="N",
-                   help="final score = mean of the last N evaluation episodes (default 30)")
+                   help="runs without a final evaluation: final score = mean of the last N "
+                        "evaluation episodes (default 30)")
     p.add_argument("--protocol", choices=list(PROTOCOLS), default="noop",
                    help="random/human pair for HNS (default noop)")
     p.add_argument("--compare", default="", metavar="COL[,COL...]",

@@ -9,9 +9,10 @@
 shape, action set, preprocessing, the run's config); ``hpcrl.load_policy(path)`` loads both
 back with ``torch.load(weights_only=True)``. Default output: ``RUN_DIR/policy.pt``.
 
-``tensorboard`` writes the ``episodes``, ``eval`` and ``train`` groups of ``metrics.h5`` as
-scalars against global env frames (``episodes/return``, ``train/loss``,
-``train/frames_per_second``, ``train/dropped_stale``, ...) into ``RUN_DIR/tensorboard``, with
+``tensorboard`` writes the ``episodes``, ``eval``, ``train`` and ``final`` groups of
+``metrics.h5`` as scalars against global env frames (``episodes/return``, ``train/loss``,
+``train/frames_per_second``, ``train/dropped_stale``, ``final/return`` per episode of the
+final evaluation and ``final/mean_return``, ...) into ``RUN_DIR/tensorboard``, with
 the standard library only (:mod:`hpcrl.io.tbevents`: no torch, TensorFlow or protobuf, so it
 starts in a second on a login node). It reads a live run safely (SWMR); ``--follow`` keeps appending new rows every ``--every`` seconds until the run is
 no longer ``running`` (or its heartbeat is 10 minutes old). Each export replaces the event files
@@ -82,6 +83,10 @@ class TensorBoardExport:
                     self.writer.add_scalar(f"{group}/{tag}", float(cols[tag][i]), step, wall)
             new += max(0, n - first)
             self.rows[group] = n
+            if group == "final" and n > first:      # the final evaluation's score, one point
+                self.writer.add_scalar("final/mean_return", float(cols["return"].mean()),
+                                       int(cols["frames"].max()),
+                                       start + float(cols["wall_time"].max()))
         self.writer.flush()
         return new
 

@@ -8,8 +8,9 @@ rebuilds the network and plays with the evaluation settings of the run's config:
 clipping, no life-loss terminals, up to ``noop_max`` no-op frames at each start, the episode cap
 (Mnih et al. 2015, Methods). Q methods act epsilon-greedily at the run's ``eval_epsilon``
 (``--epsilon`` to change it), A3C samples from its policy (``--greedy``: argmax), its LSTM state
-reset at each episode. Prints each episode's return and length; ``--video`` writes every agent
-step's colour screen (the ``video`` extra: ``pip install 'hpcrl[video]'``).
+reset at each episode. Prints each episode's return and length, their mean, and the run's own
+final evaluation from ``metrics.h5`` when it has one; ``--video`` writes every agent step's
+colour screen (the ``video`` extra: ``pip install 'hpcrl[video]'``).
 
 Exit status: 0, or 1 with one line on stderr (not a run directory, no such generation, a
 missing extra, a video path that cannot be written).
@@ -66,6 +67,25 @@ def play(policy, env, episodes: int, *, on_frame=None, keep_observations: bool =
     return out
 
 
+def run_final_evaluation(run_dir) -> str:
+    """The run's own final evaluation (``metrics.h5`` group ``final``) as one line, or ""
+    when the run has none (still running, preempted, or older than the group)."""
+    from pathlib import Path
+
+    from hpcrl.io.metrics import MetricsError, read_metrics
+
+    try:
+        final = read_metrics(Path(run_dir) / "metrics.h5")["final"]
+    except MetricsError:
+        return ""
+    if not final["return"].size:
+        return ""
+    returns = final["return"]
+    return (f"the run's final evaluation (metrics.h5): mean return {returns.mean():g} over "
+            f"{returns.size} episodes at {int(final['frames'].max()):,} frames (min "
+            f"{returns.min():g}, max {returns.max():g})")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hpcrl.play", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", help="a run directory (holds config.toml and checkpoints/)")
@@ -110,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             returns = [ep.episode_return for ep in played]
             print(f"mean return {np.mean(returns):g} over {len(played)} episodes "
                   f"(min {min(returns):g}, max {max(returns):g})")
+        line = run_final_evaluation(args.run_dir)
+        if line:
+            print(line)
         if writer is not None:
             writer.close()
             print(f"video: {video} ({writer.frames} frames at {env.render_fps:g} fps)")

@@ -24,7 +24,7 @@ from hpcrl.agents.async_rl.learner import VALUE_METHODS, AsyncLearner
 from hpcrl.agents.async_rl.rollout import collect_rollout
 from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, target_refresh_due, \
     torch_rng_state
-from hpcrl.agents.evaluation import evaluate
+from hpcrl.agents.evaluation import evaluate, final_evaluation, first_evaluation
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import StepResult, make_env_from_config
 from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy
@@ -72,8 +72,12 @@ class ActorLearnerWorker(WorkerBase):
         self.obs = env.reset()
         self.a_next = None
         self.rollouts = 0
-        # This rank evaluates every eval_every_frames of its own frames (no evaluator ranks).
-        self.next_eval = cfg.eval_every_frames if cfg.eval_every_frames > 0 else -1
+        # This rank evaluates every eval_every_frames of its own frames (no evaluator ranks),
+        # staggered against the other actor-learners.
+        evaluating = ctx.layout.evaluating_ranks
+        self.next_eval = (first_evaluation(cfg.eval_every_frames, evaluating.index(ctx.rank),
+                                           len(evaluating))
+                          if cfg.eval_every_frames > 0 and ctx.rank in evaluating else -1)
         self.versions = ctx.store.pull(self.theta)
 
     def global_frames(self) -> int:
@@ -118,6 +122,12 @@ class ActorLearnerWorker(WorkerBase):
 
     def after_checkpoint(self) -> None:
         self.versions = self.store.pull(self.theta)
+
+    def pull_final(self) -> None:
+        self.versions = self.store.pull(self.theta)
+
+    def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
+        return final_evaluation(self.net, self.cfg, episodes, seed, on_step)
 
     def get_state(self) -> dict:
         out = {**with_prefix("env", self.env.get_state()), "obs": self.obs.copy(),

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hpcrl.agents.base import target_refresh_due
-from hpcrl.agents.evaluation import evaluate
+from hpcrl.agents.evaluation import evaluate, first_evaluation
 from hpcrl.config import Config
 from hpcrl.core import sub_state, with_prefix
 from hpcrl.envs import make_env_from_config
@@ -40,11 +40,13 @@ class Actor:
 
     Pulls the parameters every ``actor_sync_every`` agent steps, writes each step to ``sink``
     (local replay or a global-replay sender), reports finished episodes and runs the periodic
-    evaluation between steps.
+    evaluation between steps (``eval_slot``: this rank's index among the ``count`` evaluating
+    ranks, or None where evaluator ranks evaluate).
     """
 
     def __init__(self, cfg: Config, rank: int, store: ParameterStore, link: ClientLink, sink,
-                 env=None, net: torch.nn.Module | None = None):
+                 env=None, net: torch.nn.Module | None = None,
+                 eval_slot: tuple[int, int] | None = (0, 1)):
         self.cfg, self.rank, self.store, self.link, self.sink = cfg, rank, store, link, sink
         self.seed = rank_seed(cfg.seed, rank)
         self.rng = np.random.default_rng(self.seed)
@@ -58,8 +60,10 @@ class Actor:
         self.local_frames = self.steps = 0
         self.global_frames = self.frames.read()              # > 0 after a resume
         self.target_in_steps = not cfg.target_period_in_updates()
-        # Actors evaluate between training steps only when no evaluator ranks do it.
-        self.next_eval = (cfg.eval_every_frames or None) if cfg.n_evaluators == 0 else None
+        # Actors evaluate between training steps only when no evaluator ranks do it
+        # (eval_slot None), each (index, count) of the evaluating ranks staggered.
+        self.next_eval = (first_evaluation(cfg.eval_every_frames, *eval_slot)
+                          if cfg.eval_every_frames and eval_slot is not None else None)
         self.obs = self.env.reset()
         for i in range(self.env.num_envs):
             sink.first(i, self._newest(self.obs[i]))

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, torch_rng_state
-from hpcrl.agents.evaluation import evaluate
+from hpcrl.agents.evaluation import evaluate, final_evaluation
 from hpcrl.agents.gorila.actor import Actor, LocalReplaySink
 from hpcrl.agents.gorila.learner import GorilaLearner
 from hpcrl.core import LearnerStats, sub_state, with_prefix
@@ -56,6 +56,12 @@ def _restore_common(state: dict, actor: Actor | None, learner: GorilaLearner | N
         learner.set_state(sub_state(state, "learner"))
 
 
+def eval_slot(ctx: Context) -> tuple[int, int] | None:
+    """(index, count) of this rank among the evaluating ranks, or None if it is not one."""
+    ranks = ctx.layout.evaluating_ranks
+    return (ranks.index(ctx.rank), len(ranks)) if ctx.rank in ranks else None
+
+
 class BundleWorker(WorkerBase):
     """Gorila bundled mode: act, store locally, learn and push."""
 
@@ -69,7 +75,7 @@ class BundleWorker(WorkerBase):
                                      stack, ctx.seed + i, n_step=cfg.n_step, gamma=cfg.gamma)
                         for i in range(n_env)]
         self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, LocalReplaySink(self.replays),
-                           env=self.env)
+                           env=self.env, eval_slot=eval_slot(ctx))
         target = build_network(cfg, self.env.obs_shape, self.env.num_actions)
         self.learner = GorilaLearner(self.actor.net, target, cfg)
         self.target = TargetNetwork(ctx.store, target)
@@ -77,6 +83,12 @@ class BundleWorker(WorkerBase):
 
     def global_frames(self) -> int:
         return self.actor.global_frames
+
+    def pull_final(self) -> None:
+        self.actor.sync()
+
+    def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
+        return final_evaluation(self.actor.net, self.actor.cfg, episodes, seed, on_step)
 
     def step(self) -> None:
         actor, cfg = self.actor, self.cfg
@@ -139,7 +151,8 @@ class ActorWorker(WorkerBase):
         cfg = ctx.cfg
         self.sink = ChunkSender(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY),
                                 ctx.layout.index_in_role(ctx.rank))
-        self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, self.sink)
+        self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, self.sink,
+                           eval_slot=eval_slot(ctx))
         self.every = cfg.split_update_every
         n_learners = len(ctx.layout.ranks_of(Role.LEARNER))
         self.head_start = (cfg.replay_min_fill * len(ctx.layout.ranks_of(Role.REPLAY))
@@ -148,6 +161,12 @@ class ActorWorker(WorkerBase):
 
     def global_frames(self) -> int:
         return self.actor.global_frames
+
+    def pull_final(self) -> None:
+        self.actor.sync()
+
+    def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
+        return final_evaluation(self.actor.net, self.actor.cfg, episodes, seed, on_step)
 
     def step(self) -> None:
         if self.every:
@@ -255,6 +274,12 @@ class EvaluatorWorker(WorkerBase):
     def global_frames(self) -> int:
         self.frames = self.frames_word.read()
         return self.frames
+
+    def pull_final(self) -> None:
+        self.store.pull(self.theta)
+
+    def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
+        return final_evaluation(self.net, self.cfg, episodes, seed, on_step)
 
     def step(self) -> None:
         if self.frames < self.next_eval:
