@@ -144,6 +144,7 @@ def test_gorila_array_three_games_on_slurm(tmp_path):
            f"--output={logs}/%x_%A_%a.out", "slurm/gorila_49games.sh",
            "--set", "n_ps=1", "--set", "total_frames=2000", "--set", "replay_min_fill=100",
            "--set", "replay_capacity=1000", "--set", "eval_every_frames=0",
+           "--set", "final_eval_episodes=0",   # 30 Atari episodes of an untrained net: minutes
            "--set", "checkpoint_every_min=0", "--set", "log_every_s=2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env=_clean_env(HPCRL_RESULTS=str(results)))

@@ -146,6 +146,7 @@ def test_gorila_task_is_signalled_checkpoints_requeues_and_resumes(tmp_path):
            "--set", "n_ps=1", "--set", f"total_frames={TOTAL_FRAMES}",
            "--set", "replay_capacity=2000", "--set", "replay_min_fill=200",
            "--set", "eval_every_frames=0", "--set", "checkpoint_every_min=0",
+           "--set", "final_eval_episodes=0",   # 30 Atari episodes of an untrained net: minutes
            "--set", "log_every_s=1"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
