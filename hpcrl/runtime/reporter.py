@@ -36,6 +36,18 @@ def early_stop_reason(train_returns: list[float], eval_returns: list[float],
             f"{np.mean(returns[-window:]):.1f} >= {threshold}")
 
 
+def progress_text(frames: int, total_frames: int, frames_since_start: int,
+                  seconds_since_start: float) -> str:
+    """The share of the frame budget done and the time left at this start's average rate,
+    as "37.5% of 24,000,000, 1:02:03 left" (tqdm-style; "?" before any frame)."""
+    done = min(frames / total_frames, 1.0)
+    if frames_since_start <= 0 or seconds_since_start <= 0:
+        return f"{100 * done:.1f}% of {total_frames:,}, ? left"
+    left_s = int(max(total_frames - frames, 0) * seconds_since_start / frames_since_start)
+    return (f"{100 * done:.1f}% of {total_frames:,}, "
+            f"{left_s // 3600}:{left_s // 60 % 60:02d}:{left_s % 60:02d} left")
+
+
 def final_summary(rows: list[tuple[float, float]], seconds: float) -> str:
     """The log line of the final evaluation: episodes, mean return and its spread, cost."""
     if not rows:
@@ -143,12 +155,14 @@ class Reporter:
                 f"return(last 20) {recent:8.2f} | {evals}updates {c['applied']:>9,} | dropped stale "
                 f"{c['dropped_stale']} outlier {int(s['dropped_outlier'])} nonfinite "
                 f"{c['dropped_nonfinite'] + int(s['dropped_nonfinite'])}")
+        progress = progress_text(c["frames"], self.cfg.total_frames,
+                                 c["frames"] - self.resume_frames, now - self.t0)
         if self.tty:
             done = min(c["frames"] / self.cfg.total_frames, 1.0)
             bar = "#" * int(30 * done) + "." * (30 - int(30 * done))
-            print(f"\r[{bar}] {100 * done:5.1f}% {line}", end="", flush=True)
+            print(f"\r[{bar}] {progress} | {line}", end="", flush=True)
         else:
-            print(f"[hpcrl] {line}", flush=True)
+            print(f"[hpcrl] {line} | {progress}", flush=True)
 
     def before_checkpoint(self) -> None:
         """Drain every client's messages up to its checkpoint marker, then flush: the file then
