@@ -181,6 +181,12 @@ class Config:
     checkpoint_keep: int = _f(2, "complete checkpoint generations kept", lo=1)
     checkpoint_replay: bool = _f(True, "include replay memories in checkpoints")
     watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
+    checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
+                                        "ranks) a checkpoint generation may take before it "
+                                        "counts as hung: a generation has watchdog_s + its "
+                                        "size / this rate (at least 2 x watchdog_s) to be "
+                                        "written and gathered; rank 0 then names the ranks "
+                                        "that did not finish", gt=0.0)
     preflight: bool = _f(True, "before training, check that each node's memory holds its ranks "
                          "(replay memories, processes, parameter windows) and the run directory's "
                          "disk the checkpoint generations; refuse with the arithmetic if not")

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.util import ROOT, mpiexec_path, rank_pid, run_mpi, signal_tree, wait_until_reported
+from tests.util import ROOT, mpiexec_path, rank_pid, run_mpi, signal_tree, \
+    wait_until_ranks_played, wait_until_reported
 
 
 def test_dry_run_130_paper_layout():
@@ -141,7 +142,7 @@ def test_a_frozen_rank_during_a_checkpoint_is_named(tmp_path):
     with open(tmp_path / "out.log", "w") as out, open(tmp_path / "err.log", "w") as err:
         job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
     try:
-        wait_until_reported(job, tmp_path / "r")
+        wait_until_ranks_played(job, tmp_path / "r", {1, 2})
         os.kill(rank_pid(job.pid, 2), signal.SIGSTOP)
         t0 = time.monotonic()
         os.kill(rank_pid(job.pid, 0), signal.SIGUSR2)        # a checkpoint, on demand
@@ -204,7 +205,7 @@ def test_checkpoint_on_demand_through_a_request_file(tmp_path):
     with open(tmp_path / "out.log", "w") as out:
         job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_until_reported(job, run_dir)
+        wait_until_ranks_played(job, run_dir, {1, 2})
         assert not list(run_dir.glob("checkpoints/gen-*"))
         (run_dir / "checkpoint.request").touch()
         deadline = time.monotonic() + 15

@@ -59,6 +59,25 @@ def wait_until_reported(job: subprocess.Popen, run_dir: Path, timeout_s: float =
         time.sleep(0.2)
 
 
+def wait_until_ranks_played(job: subprocess.Popen, run_dir: Path, ranks: set[int],
+                            timeout_s: float = 120) -> None:
+    """Block until the running ``job`` has recorded a training episode of each of ``ranks``:
+    they have started (built their workers) and run. A rank still starting up is waited for
+    longer at a checkpoint than one that runs (``STARTUP_WATCHDOG_SHARE``)."""
+    from hpcrl.io.metrics import read_metrics
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            seen = set(read_metrics(run_dir / "metrics.h5")["episodes"]["rank"].tolist())
+        except Exception:   # noqa: BLE001 - not created yet
+            seen = set()
+        if ranks <= seen:
+            return
+        assert job.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.2)
+
+
 def mpiexec_path() -> str:
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")

@@ -25,6 +25,7 @@ def run_client(ctx: Context, worker: Worker) -> None:
     """Drive ``worker`` until a coordinated checkpoint says stop (a spent budget or a signal)."""
     if ctx.state is not None:
         worker.set_state(ctx.state)
+    ctx.link.started()
     coord, link, total_frames = ctx.coord, ctx.link, ctx.cfg.total_frames
     steps = 0
     while True:

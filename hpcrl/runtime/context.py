@@ -16,7 +16,7 @@ from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.topology import Layout
 
 # Messages from clients to rank 0 (float64 rows on a dedicated communicator).
-TAG_EPISODE, TAG_STATS, TAG_CKPT, TAG_FINAL, TAG_ALIVE = 11, 12, 14, 15, 16
+TAG_EPISODE, TAG_STATS, TAG_CKPT, TAG_FINAL, TAG_ALIVE, TAG_STARTED = 11, 12, 14, 15, 16, 17
 #: kind 0 training, 1 periodic evaluation, 2 final evaluation (EPISODE_GROUPS[kind])
 EPISODE_FIELDS = ("kind", "frames", "return", "length", "rank", "wall_time")
 EPISODE_GROUPS = ("episodes", "eval", "final")
@@ -52,6 +52,10 @@ class ClientLink:
         if now - self._alive_at >= ALIVE_EVERY_S:
             self._alive_at = now
             self.mcomm.Send(np.zeros(1), 0, TAG_ALIVE)
+
+    def started(self) -> None:
+        """This client has built its worker (torch imported, environments made)."""
+        self.mcomm.Send(np.zeros(1), 0, TAG_STARTED)
 
     def final_done(self) -> None:
         """Every final-evaluation episode of this client has been sent."""

@@ -37,6 +37,9 @@ from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.store import NonFiniteState, ParameterStore
 
 STOP_BUDGET, STOP_SIGNAL = 1, 2
+#: Tag of a rank's checkpoint file entry to rank 0 (on the coordinator's own communicator).
+TAG_ENTRY = 31
+WAIT_POLL_S = 1e-3
 
 #: Time of a SIGUSR1/SIGTERM that arrived during start-up, before a Coordinator existed.
 _early_signal_time: float | None = None
@@ -60,8 +63,12 @@ class Coordinator:
     """One rank's part in coordinated checkpoints (see the module docstring)."""
 
     def __init__(self, comm: MPI.Comm, store: ParameterStore, root: Path, *, gen_done: int,
-                 every_s: float, keep: int, info: dict, stall_s: float = 0.0):
-        self.comm, self.store, self.root = comm, store, Path(root)
+                 every_s: float, keep: int, info: dict, stall_s: float = 0.0,
+                 write_bound_s: float = 600.0, startup_s: float = 0.0):
+        self.comm, self.store, self.root = comm.Dup(), store, Path(root)
+        #: seconds one generation may take to be written and gathered on every rank
+        #: (:func:`hpcrl.runtime.sizing.checkpoint_bound_s`); the watchdog waits as long
+        self.write_bound_s = write_bound_s
         self.rank = comm.Get_rank()
         self.gen_done, self.every_s, self.keep, self.info = gen_done, every_s, keep, info
         self.next_time = time.monotonic() + every_s if every_s > 0 else None
@@ -72,6 +79,9 @@ class Coordinator:
         #: rank 0: seconds the ps waits for clients at a checkpoint before it names those that
         #: did not arrive and aborts the job (0 = never), and the callable that names them
         self.stall_s, self.not_arrived = stall_s, None
+        #: rank 0: whether a missing client is still building its worker, which may take
+        #: ``startup_s`` (then that, not ``stall_s``, bounds the wait)
+        self.still_starting, self.startup_s = None, startup_s
         self._wait_t0: float | None = None
         self._req, self._stop = store.word(Word.CKPT_REQ), store.word(Word.CKPT_STOP)
         self._ready, self._frames = store.word(Word.CKPT_READY), store.word(Word.FRAMES)
@@ -130,7 +140,9 @@ class Coordinator:
             if self._wait_t0 is None:
                 self._wait_t0 = now
             elif now - self._wait_t0 > self.stall_s:
-                self._abort_stalled(now - self._wait_t0)
+                starting = self.still_starting is not None and self.still_starting()
+                if not starting or now - self._wait_t0 > self.startup_s:
+                    self._abort_stalled(now - self._wait_t0)
         return False
 
     def _abort_stalled(self, waited_s: float) -> None:
@@ -147,24 +159,63 @@ class Coordinator:
         (0 = carry on)."""
         gen = self.gen_done + 1
         t0 = time.monotonic()
-        watchdog.beat()
-        try:
-            if hooks.checkpoint_write_fails(self.rank):
-                raise OSError(28, "No space left on device (injected)")
-            entry, error = ck.write_state(ck.rank_file(self.root, gen, self.rank), state_fn()), None
-        except OSError as exc:                      # disk full, quota, unwritable: keep going
-            entry, error = None, f"rank {self.rank}: {exc.strerror or exc}"
-        except NonFiniteState as exc:
-            entry, error = None, f"rank {self.rank}: {exc}"
-        entries = self.comm.gather((entry, error), root=0)
-        stop = 0
-        if self.rank == 0:
-            stop = self._finish(gen, entries, t0)
-        stop = self.comm.bcast(stop, root=0)
-        watchdog.beat()
+        # Writing and waiting for the slowest rank may take far longer than watchdog_s (a
+        # generation of hundreds of GB on a shared file system): the phase has its own bound,
+        # and rank 0 names the ranks that did not finish within it.
+        with watchdog.allow(self.write_bound_s):
+            try:
+                hooks.checkpoint_delay(self.rank)
+                if hooks.checkpoint_write_fails(self.rank):
+                    raise OSError(28, "No space left on device (injected)")
+                entry, error = (ck.write_state(ck.rank_file(self.root, gen, self.rank),
+                                               state_fn()), None)
+            except OSError as exc:                  # disk full, quota, unwritable: keep going
+                entry, error = None, f"rank {self.rank}: {exc.strerror or exc}"
+            except NonFiniteState as exc:
+                entry, error = None, f"rank {self.rank}: {exc}"
+            stop = 0
+            if self.rank == 0:
+                stop = self._finish(gen, self._gather_entries(gen, (entry, error), t0), t0)
+        # A client may get here before the others are ready (one still starting up): rank 0
+        # bounds each phase and names whom it waits for; this wait is only a backstop for a
+        # rank 0 that hangs itself.
+        with watchdog.allow(self.startup_s + self.stall_s + 2 * self.write_bound_s):
+            if self.rank != 0:
+                self.comm.send((entry, error), 0, TAG_ENTRY)
+            stop = self.comm.bcast(stop, root=0)
         self.gen_done = gen
         self.stop_code = stop
+        if self.next_time is not None:      # the period counts from the end of a slow write
+            self.next_time = max(self.next_time, time.monotonic() + self.every_s)
         return stop
+
+    def _gather_entries(self, gen: int, mine: tuple, t0: float) -> list:
+        """Rank 0: every rank's (file entry, error), in rank order, as each arrives; a rank
+        still writing after ``write_bound_s`` is named and the job aborted (the previous
+        generation is kept)."""
+        size = self.comm.Get_size()
+        entries: list = [mine] + [None] * (size - 1)
+        pending = {r: self.comm.irecv(source=r, tag=TAG_ENTRY) for r in range(1, size)}
+        while pending:
+            for r, req in list(pending.items()):
+                done, value = req.test()
+                if done:
+                    entries[r] = value
+                    del pending[r]
+            if pending and time.monotonic() - t0 > self.write_bound_s:
+                roles = self.info.get("roles") or []
+                names = ", ".join(f"{r} ({roles[r] if r < len(roles) else '?'})"
+                                  for r in sorted(pending))
+                sys.stderr.write(
+                    f"hpcrl: checkpoint generation {gen}: rank(s) {names} did not finish "
+                    f"writing within {self.write_bound_s:.0f} s (watchdog_s + the generation's "
+                    f"size at checkpoint_min_mb_per_s); aborting the job (a file system too "
+                    f"slow or stuck; generation {self.gen_done} is kept)\n")
+                sys.stderr.flush()
+                time.sleep(1.0)
+                self.comm.Abort(1)
+            time.sleep(WAIT_POLL_S)
+        return entries
 
     def _finish(self, gen: int, entries, t0: float) -> int:
         errors = [e for _, e in entries if e]

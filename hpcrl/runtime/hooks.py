@@ -7,6 +7,8 @@ honour them carry one call each and no variable names:
 ``HPCRL_FAULT_RANK=r``         rank r raises right after start-up (the job-abort path)
 ``HPCRL_HANG_RANK=r``          rank r stops making progress after start-up (the watchdog)
 ``HPCRL_CKPT_FAIL_RANK=r``     rank r's checkpoint file writes fail with "no space left"
+``HPCRL_CKPT_DELAY=r:s``       rank r takes s seconds longer to write its first checkpoint
+                               file (``r:stop``: it stops itself there)
 ``HPCRL_FREEZE_FINAL_RANK=r``  rank r stops itself (SIGSTOP, its watchdog too) as its final
                                evaluation begins
 ``HPCRL_CHECKPOINT_ON_START``  rank 0 asks for a checkpoint generation as soon as it can
@@ -44,6 +46,25 @@ def before_final_evaluation(rank: int) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+_delayed = False
+
+
+def checkpoint_delay(rank: int) -> None:
+    """Make this rank's checkpoint write slow (a slow shared file system) or, with "stop",
+    freeze it there (SIGSTOP: a node stuck on its file system), if asked."""
+    global _delayed
+    who, _, what = os.environ.get("HPCRL_CKPT_DELAY", "").partition(":")
+    if who != str(rank) or not what or _delayed:
+        return
+    _delayed = True
+    if what == "stop":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        time.sleep(float(what))
 
 
 def checkpoint_write_fails(rank: int) -> bool:

@@ -47,6 +47,8 @@ STALL_SHARE = 0.8
 #: A client waiting for a ps to take its gradient beats its watchdog and names that ps after
 #: ``watchdog_s`` plus this: a ps that is alive but stuck reports itself (with its stack) first.
 PEER_GRACE_S = 10.0
+#: A client rank may take this many times ``watchdog_s`` to build its worker (torch import).
+STARTUP_WATCHDOG_SHARE = 4.0
 
 
 def validate(cfg: Config) -> None:
@@ -80,27 +82,29 @@ def initial_network(cfg: Config) -> tuple[np.ndarray, list[int]]:
 
 
 def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int
-              ) -> list[str] | None:
+              ) -> tuple[list[str] | None, float]:
     """Collective. Rank 0 prints the memory each node and the disk the checkpoints need
     (:mod:`hpcrl.runtime.sizing`) and, with ``cfg.preflight``, refuses a job that does not
-    fit: the same one-line ConfigError on every rank. Returns every rank's host on rank 0."""
+    fit: the same one-line ConfigError on every rank. Returns every rank's host on rank 0 (None
+    elsewhere) and, on every rank, the bytes of one checkpoint generation."""
     mine = (socket.gethostname(), sizing.memory_available())
     gathered = comm.gather(mine, root=0)
-    error, hosts = None, None
+    error, hosts, generation_bytes = None, None, 0.0
     if comm.Get_rank() == 0:
         from hpcrl.envs import env_spec
 
         hosts = [h for h, _ in gathered]
         totals = sizing.summary(cfg, layout, env_spec(cfg)[0], n_params, hosts)
+        generation_bytes = float(totals["generation_bytes"])
         for line in sizing.describe(totals):
             print(f"[hpcrl] {line}", flush=True)
         if cfg.preflight:
             error = sizing.check(cfg, totals, run_dir, dict(gathered),
                                  sizing.free_disk_bytes(run_dir))
-    error = comm.bcast(error, root=0)
+    error, generation_bytes = comm.bcast((error, generation_bytes), root=0)
     if error:
         raise ConfigError(error)
-    return hosts
+    return hosts, generation_bytes
 
 
 def count_params(cfg: Config) -> int:
@@ -151,7 +155,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     check_metrics(comm, run_dir, found, reset_metrics)
     if rank == 0:
         announce_start(found, layout)
-    hosts = preflight(comm, cfg, layout, run_dir, n_params)
+    hosts, generation_bytes = preflight(comm, cfg, layout, run_dir, n_params)
     origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
               if rank == 0 else None)
     if rank == 0:
@@ -172,7 +176,10 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
                 hpcrl_version=__version__, provenance=origin)
     coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,
                         every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
-                        info=info, stall_s=STALL_SHARE * cfg.watchdog_s)
+                        info=info, stall_s=STALL_SHARE * cfg.watchdog_s,
+                        startup_s=STARTUP_WATCHDOG_SHARE * cfg.watchdog_s,
+                        write_bound_s=sizing.checkpoint_bound_s(
+                            generation_bytes, cfg.watchdog_s, cfg.checkpoint_min_mb_per_s))
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
                   manifest["frames"] if manifest else None, opt, hosts, origin)
     watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))
@@ -182,7 +189,11 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     elif role == Role.REPLAY:
         run_replay(ctx)
     else:
-        run_client(ctx, make_worker(ctx, role))
+        # Building a worker imports torch and makes environments: on a shared file system
+        # with many ranks starting at once that can take several times watchdog_s.
+        with watchdog.allow(STARTUP_WATCHDOG_SHARE * cfg.watchdog_s):
+            worker = make_worker(ctx, role)
+        run_client(ctx, worker)
     store.free()
     for c in (mcomm, rcomm):
         c.Free()

@@ -62,6 +62,7 @@ def run_ps(ctx: Context) -> None:
                          ctx.hosts, ctx.provenance) if ctx.rank == 0 else None)
     if reporter:
         ctx.coord.not_arrived = reporter.not_arrived
+        ctx.coord.still_starting = reporter.still_starting
     on_tick = _rank0_tick(ctx, reporter) if reporter else None
     times = hooks.phase_times_dir()
     if times is not None:

@@ -18,7 +18,7 @@ from hpcrl.core import STATS_FIELDS
 from hpcrl.io.metrics import MetricsWriter
 from hpcrl.runtime import watchdog
 from hpcrl.runtime.context import EPISODE_FIELDS, EPISODE_GROUPS, ROW_FLOATS, TAG_CKPT, \
-    TAG_EPISODE, TAG_FINAL, TAG_STATS
+    TAG_EPISODE, TAG_FINAL, TAG_STARTED, TAG_STATS
 from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.topology import Layout
 
@@ -99,6 +99,7 @@ class Reporter:
         self.roles, self.hosts = layout.role_names(), hosts
         self.marked: set[int] = set()          # clients whose checkpoint marker arrived
         self.heard = {r: time.monotonic() for r in self.clients}   # last message of each
+        self.started: set[int] = set()         # clients that have built their workers
 
     def drain(self) -> None:
         status = MPI.Status()
@@ -119,6 +120,8 @@ class Reporter:
                     self.final_rows.append((row["return"], row["length"]))
             elif tag == TAG_FINAL:
                 self.final_done.add(src)
+            elif tag == TAG_STARTED:
+                self.started.add(src)
             elif tag == TAG_STATS:
                 self.stats[src] = self.buf[:len(STATS_FIELDS)].copy()
             elif tag == TAG_CKPT:
@@ -173,6 +176,12 @@ class Reporter:
         self.markers = 0
         self.marked.clear()
         self.writer.flush()
+
+    def still_starting(self) -> bool:
+        """Whether a client that has not arrived at the checkpoint is still building its
+        worker (importing torch can take minutes on a shared file system)."""
+        self.drain()
+        return any(r not in self.started and r not in self.marked for r in self.clients)
 
     def not_arrived(self) -> str:
         """The clients whose checkpoint marker has not come (a coordinated checkpoint waits for

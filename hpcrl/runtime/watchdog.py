@@ -9,6 +9,7 @@ stuck: a deadlock, an MPI call waiting for a dead node, an endless loop) and cal
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -26,6 +27,21 @@ def beat() -> None:
         CURRENT.last = time.monotonic()
 
 
+@contextlib.contextmanager
+def allow(seconds: float):
+    """Within the block, this rank counts as stuck only after ``seconds`` without a beat (at
+    least ``timeout_s``): for one long operation that cannot beat, such as writing or waiting
+    for a checkpoint generation of hundreds of GB, which has its own bound."""
+    if CURRENT is None:
+        yield
+        return
+    CURRENT.last, CURRENT.grace_s = time.monotonic(), seconds
+    try:
+        yield
+    finally:
+        CURRENT.last, CURRENT.grace_s = time.monotonic(), 0.0
+
+
 def start(timeout_s: float, rank: int, role: str, abort) -> "Watchdog":
     global CURRENT
     CURRENT = Watchdog(timeout_s, rank, role, abort)
@@ -36,6 +52,7 @@ class Watchdog:
     def __init__(self, timeout_s: float, rank: int, role: str, abort):
         self.timeout_s, self.rank, self.role, self.abort = timeout_s, rank, role, abort
         self.last = time.monotonic()
+        self.grace_s = 0.0                  # a longer bound while inside :func:`allow`
         self._main = threading.main_thread().ident
         self._thread = threading.Thread(target=self._watch, name="hpcrl-watchdog", daemon=True)
         self._thread.start()
@@ -48,7 +65,7 @@ class Watchdog:
         while True:
             time.sleep(period)
             idle = time.monotonic() - self.last
-            if idle > self.timeout_s:
+            if idle > max(self.timeout_s, self.grace_s):
                 self._report(idle)
                 time.sleep(1.0)        # let the launcher forward the report before Abort kills us
                 self.abort()
@@ -59,6 +76,8 @@ class Watchdog:
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
         sys.stderr.write(f"hpcrl: watchdog: rank {self.rank} ({self.role}) on host "
                          f"{socket.gethostname()} made no progress for {idle:.0f} s "
-                         f"(watchdog_s = {self.timeout_s:g}); aborting the job. It is stuck "
+                         f"(watchdog_s = {self.timeout_s:g}"
+                         f"{f', this phase {self.grace_s:.0f} s' if self.grace_s else ''}); "
+                         f"aborting the job. It is stuck "
                          f"here:\n{stack}")
         sys.stderr.flush()
