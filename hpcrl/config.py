@@ -180,6 +180,10 @@ class Config:
                                      "0 = only on signal / at the end", lo=0.0)
     checkpoint_keep: int = _f(2, "complete checkpoint generations kept", lo=1)
     checkpoint_replay: bool = _f(True, "include replay memories in checkpoints")
+    checkpoint_max_failures: int = _f(3, "stop the job (status 3, run failed) after this many "
+                                      "checkpoint generations in a row failed to be written "
+                                      "(disk full, quota); a failed stop checkpoint stops it "
+                                      "at once", lo=1)
     watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
     checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
                                         "ranks) a checkpoint generation may take before it "

@@ -23,7 +23,9 @@ from hpcrl.runtime.exits import EXIT_CONFIG, EXIT_FAILURE
 
 EXIT_CODES = ("exit status: 0 finished (budget spent or early_stop); 1 a failure on some rank "
               "(reported with rank, role, host and traceback); 2 a config, layout or run-"
-              "directory error (nothing was run or changed); 85 checkpointed on SIGUSR1/SIGTERM "
+              "directory error (nothing was run or changed); 3 checkpoints failed (a stop's "
+              "checkpoint, or checkpoint_max_failures generations in a row: disk full, quota), "
+              "the run stopped as failed (do not requeue); 85 checkpointed on SIGUSR1/SIGTERM "
               "(requeue me)")
 
 

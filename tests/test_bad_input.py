@@ -142,13 +142,38 @@ def test_other_world_size_is_explained(finished_run, tmp_path):
     assert snapshot(finished_run) == before
 
 
-def test_disk_full_while_checkpointing_keeps_previous_generation(finished_run, tmp_path):
+def test_disk_full_at_the_final_checkpoint_fails_the_run_and_keeps_the_previous_generation(
+        finished_run, tmp_path):
+    """The budget's final generation cannot be written: the final weights are not on disk, so
+    the run is not "finished": status 3 (not requeued), metrics "failed", generation 2 intact,
+    and the same command resumes from it once there is space."""
     before = snapshot(finished_run / "checkpoints" / "gen-000002")
     proc, _ = run(tmp_path, "total_frames=4000", "checkpoint_keep=5",
                   env={"HPCRL_CKPT_FAIL_RANK": "2"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "warning: checkpoint generation 3 not written (rank 2: No space left on device" \
-        in proc.stdout
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert ("hpcrl: error: checkpoint generation 3 not written (rank 2: No space left on device"
+            in proc.stdout), proc.stdout[-2000:]
+    assert "the run stops as failed with status 3, not requeued (generation 2 is the newest " \
+        "kept" in proc.stdout
     root = finished_run / "checkpoints"
     assert ck.latest_complete(root)[0] == 2 and not ck.gen_dir(root, 3).exists()
     assert snapshot(root / "gen-000002") == before
+    assert read_metrics(finished_run / "metrics.h5")["status"] == "failed"
+    proc, _ = run(tmp_path, "total_frames=4000", "checkpoint_keep=5")     # space again
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ck.latest_complete(root)[0] == 3
+
+
+def test_checkpoint_max_failures_in_a_row_stop_the_job(tmp_path):
+    """Every periodic generation fails (rank 2's disk is full): a warning each time, and the
+    second failure in a row (checkpoint_max_failures = 2) stops the job with status 3."""
+    proc, _ = run(tmp_path, "total_frames=100000000", "checkpoint_every_min=0.02",
+                  "checkpoint_max_failures=2", env={"HPCRL_CKPT_FAIL_RANK": "2"}, timeout=180)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ("hpcrl: warning: checkpoint generation 1 not written (rank 2: No space left on "
+            "device (injected)); no generation is kept; 1 of checkpoint_max_failures = 2 in a "
+            "row") in proc.stdout
+    assert ("hpcrl: error: checkpoint generation 2 not written (rank 2: No space left on "
+            "device (injected)); 2 generations in a row failed (checkpoint_max_failures)"
+            in proc.stdout)
+    assert read_metrics(tmp_path / "run" / "metrics.h5")["status"] == "failed"

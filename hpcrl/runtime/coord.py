@@ -4,7 +4,9 @@ Any rank may ask for a checkpoint generation by raising the request word on shar
 (``Word.CKPT_REQ``, an atomic MAX to ``generation + 1``): rank 0 every ``checkpoint_every_min``
 minutes, a rank that received SIGUSR1 / SIGTERM (SLURM's warning before a time limit or
 preemption), and a client that spent the frame budget (the final generation). A stop request
-also raises ``Word.CKPT_STOP`` (1 = budget spent, 2 = signal).
+also raises ``Word.CKPT_STOP`` (1 = budget spent, 2 = signal). A stop whose generation could
+not be written, or ``checkpoint_max_failures`` failed generations in a row, end the job with
+stop code 3 (failed): without a checkpoint, going on or requeueing would only lose more work.
 
 Every role polls the request word between steps. Then, in order:
 
@@ -36,7 +38,7 @@ from hpcrl.runtime import hooks, watchdog
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.store import NonFiniteState, ParameterStore
 
-STOP_BUDGET, STOP_SIGNAL = 1, 2
+STOP_BUDGET, STOP_SIGNAL, STOP_FAILED = 1, 2, 3
 #: Tag of a rank's checkpoint file entry to rank 0 (on the coordinator's own communicator).
 TAG_ENTRY = 31
 WAIT_POLL_S = 1e-3
@@ -59,16 +61,27 @@ def install_early_handlers() -> None:
         signal.signal(sig, record)
 
 
+def _say(line: str) -> None:
+    """Print one line; a closed or broken stdout (EPIPE) must not undo a checkpoint."""
+    try:
+        print(line, flush=True)
+    except OSError:
+        pass
+
+
 class Coordinator:
     """One rank's part in coordinated checkpoints (see the module docstring)."""
 
     def __init__(self, comm: MPI.Comm, store: ParameterStore, root: Path, *, gen_done: int,
                  every_s: float, keep: int, info: dict, stall_s: float = 0.0,
-                 write_bound_s: float = 600.0, startup_s: float = 0.0):
+                 write_bound_s: float = 600.0, startup_s: float = 0.0,
+                 max_failures: int = 3):
         self.comm, self.store, self.root = comm.Dup(), store, Path(root)
         #: seconds one generation may take to be written and gathered on every rank
         #: (:func:`hpcrl.runtime.sizing.checkpoint_bound_s`); the watchdog waits as long
         self.write_bound_s = write_bound_s
+        #: rank 0: generations that failed in a row, and how many end the job
+        self.failures, self.max_failures = 0, max_failures
         self.rank = comm.Get_rank()
         self.gen_done, self.every_s, self.keep, self.info = gen_done, every_s, keep, info
         self.next_time = time.monotonic() + every_s if every_s > 0 else None
@@ -218,27 +231,48 @@ class Coordinator:
         return entries
 
     def _finish(self, gen: int, entries, t0: float) -> int:
+        """Rank 0: publish the generation (manifest, then prune) or drop it; the stop code."""
         errors = [e for _, e in entries if e]
         frames = self._frames.read()
-        if errors:
-            shutil.rmtree(ck.gen_dir(self.root, gen), ignore_errors=True)
-            print(f"hpcrl: warning: checkpoint generation {gen} not written ({errors[0]}); the "
-                  "previous generation is kept", flush=True)
-        else:
-            files = [e for e, _ in entries]
+        files = [e for e, _ in entries]
+        if not errors:
             info = dict(self.info, frames=frames, wall_unix=time.time())
             try:
                 ck.write_manifest(self.root, gen, files, info)
-                ck.prune(self.root, self.keep)
-                size = sum(f["bytes"] for f in files) / 1e6
-                since = (f", {time.monotonic() - self.signal_time:.1f} s after the signal"
-                         if self.signal_time is not None else "")
-                print(f"[hpcrl] checkpoint generation {gen} at frame {frames:,}: {len(files)} "
-                      f"files, {size:.1f} MB, written in {time.monotonic() - t0:.1f} s{since}",
-                      flush=True)
             except OSError as exc:
-                shutil.rmtree(ck.gen_dir(self.root, gen), ignore_errors=True)
-                print(f"hpcrl: warning: checkpoint generation {gen} manifest not written "
-                      f"({exc.strerror or exc}); the previous generation is kept", flush=True)
+                errors = [f"manifest: {exc.strerror or exc}"]
         self._ready.set(0)
-        return self._stop.read()
+        stop = self._stop.read()
+        if errors:
+            shutil.rmtree(ck.gen_dir(self.root, gen), ignore_errors=True)
+            self.failures += 1
+            return self._failed(gen, errors[0], stop)
+        self.failures = 0
+        try:                            # the generation is published: nothing below undoes it
+            ck.prune(self.root, self.keep)
+        except OSError as exc:
+            _say(f"hpcrl: warning: older checkpoint generations not pruned "
+                 f"({exc.strerror or exc})")
+        size = sum(f["bytes"] for f in files) / 1e6
+        since = (f", {time.monotonic() - self.signal_time:.1f} s after the signal"
+                 if self.signal_time is not None else "")
+        _say(f"[hpcrl] checkpoint generation {gen} at frame {frames:,}: {len(files)} files, "
+             f"{size:.1f} MB, written in {time.monotonic() - t0:.1f} s{since}")
+        return stop
+
+    def _failed(self, gen: int, error: str, stop: int) -> int:
+        """A generation that could not be written: go on with a warning, or stop as failed
+        when the job was stopping anyway (its state would be lost) or too many failed in a
+        row."""
+        kept = f"generation {self.gen_done} is the newest kept" if self.gen_done else \
+            "no generation is kept"
+        if stop or self.failures >= self.max_failures:
+            why = ("the job was stopping" if stop else
+                   f"{self.failures} generations in a row failed (checkpoint_max_failures)")
+            _say(f"hpcrl: error: checkpoint generation {gen} not written ({error}); {why}: "
+                 f"the run stops as failed with status 3, not requeued ({kept}; free space "
+                 f"or raise the quota, then run the same command to resume)")
+            return STOP_FAILED
+        _say(f"hpcrl: warning: checkpoint generation {gen} not written ({error}); {kept}; "
+             f"{self.failures} of checkpoint_max_failures = {self.max_failures} in a row")
+        return 0

@@ -30,8 +30,8 @@ from hpcrl.core import Worker
 from hpcrl.runtime import hooks, sizing, watchdog
 from hpcrl.runtime.client import run_client
 from hpcrl.runtime.context import Context
-from hpcrl.runtime.coord import STOP_SIGNAL, Coordinator
-from hpcrl.runtime.exits import EXIT_REQUEUE
+from hpcrl.runtime.coord import STOP_FAILED, STOP_SIGNAL, Coordinator
+from hpcrl.runtime.exits import EXIT_CHECKPOINT, EXIT_REQUEUE
 from hpcrl.runtime.params.store import ParameterStore, StoreSpec, load_shard_state
 from hpcrl.runtime.provenance import provenance
 from hpcrl.runtime.ps import make_optimizer, run_ps, run_replay
@@ -178,6 +178,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
                         every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
                         info=info, stall_s=STALL_SHARE * cfg.watchdog_s,
                         startup_s=STARTUP_WATCHDOG_SHARE * cfg.watchdog_s,
+                        max_failures=cfg.checkpoint_max_failures,
                         write_bound_s=sizing.checkpoint_bound_s(
                             generation_bytes, cfg.watchdog_s, cfg.checkpoint_min_mb_per_s))
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
@@ -197,4 +198,4 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     store.free()
     for c in (mcomm, rcomm):
         c.Free()
-    return EXIT_REQUEUE if coord.stop_code == STOP_SIGNAL else 0
+    return {STOP_SIGNAL: EXIT_REQUEUE, STOP_FAILED: EXIT_CHECKPOINT}.get(coord.stop_code, 0)

@@ -14,7 +14,7 @@ from typing import Sequence
 from hpcrl.config import Config
 from hpcrl.runtime import final, hooks
 from hpcrl.runtime.context import Context
-from hpcrl.runtime.coord import STOP_BUDGET, STOP_SIGNAL
+from hpcrl.runtime.coord import STOP_BUDGET, STOP_FAILED, STOP_SIGNAL
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.optim import ShardOptimizer, tensor_pieces
 from hpcrl.runtime.params.store import ParameterStore, ShardServer
@@ -73,7 +73,7 @@ def run_ps(ctx: Context) -> None:
     if final.final_due(ctx):
         final.server_phase(ctx, reporter)
     if reporter:
-        reporter.finish("preempted" if stop == STOP_SIGNAL else "finished")
+        reporter.finish({STOP_SIGNAL: "preempted", STOP_FAILED: "failed"}.get(stop, "finished"))
 
 
 def _rank0_tick(ctx: Context, reporter: Reporter):
