@@ -176,3 +176,23 @@ def test_resume_with_more_then_fewer_ps_ranks(tmp_path):
     running = sum(int(np.sum(st[k])) for st in s3.values() for k in st
                   if k.endswith("episode_frames_so_far"))
     assert int(eps["length"].sum()) + running == total
+
+
+def test_a_signal_stop_whose_checkpoint_fails_is_not_requeued(tmp_path):
+    """SIGTERM (a time limit) while rank 2's disk is full: the stop's generation cannot be
+    written, so exit 85 (requeue me) would only resume from nothing and fail again: status 3
+    and metrics "failed" instead."""
+    run_dir = tmp_path / "run"
+    proc = launch(["--config", "configs/gorila_cartpole.toml", "--set", f"run_dir={run_dir}",
+                   "--set", "total_frames=100000000", "--set", "log_every_s=0.5"],
+                  {"HPCRL_CKPT_FAIL_RANK": "2"})
+    deadline = time.time() + 120
+    while frames_in_metrics(run_dir / "metrics.h5") < 500 and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(stop_signal())
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3, out[-3000:]
+    assert ("hpcrl: error: checkpoint generation 1 not written (rank 2: No space left on "
+            "device (injected)); the job was stopping: the run stops as failed") in out
+    assert read_metrics(run_dir / "metrics.h5")["status"] == "failed"
+    assert ck.latest_complete(run_dir / "checkpoints") is None
