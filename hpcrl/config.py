@@ -194,9 +194,10 @@ class Config:
     preflight: bool = _f(True, "before training, check that each node's memory holds its ranks "
                          "(replay memories, processes, parameter windows) and the run directory's "
                          "disk the checkpoint generations; refuse with the arithmetic if not")
-    run_dir_lease_s: float = _f(300.0, "a run directory's lease whose heartbeat is older than "
-                                "this many seconds is taken over (its job presumed dead); the "
-                                "holder rewrites it every tenth of this", gt=0.0)
+    run_dir_lease_s: float = _f(300.0, "a run directory's lease whose heartbeat a new start "
+                                "sees unchanged for this many seconds is taken over (its job "
+                                "presumed dead); the holder beats every tenth of this (at most "
+                                "10 s)", gt=0.0)
 
     def target_period_in_updates(self) -> bool:
         """Whether ``target_update_every`` counts applied ps updates (else global agent steps)."""

@@ -18,14 +18,15 @@ import sys
 import textwrap
 import traceback
 
-from hpcrl.runtime.exits import EXIT_CONFIG, EXIT_FAILURE
+from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CONFIG, EXIT_FAILURE
 
 
 EXIT_CODES = ("exit status: 0 finished (budget spent or early_stop); 1 a failure on some rank "
               "(reported with rank, role, host and traceback); 2 a config, layout or run-"
               "directory error (nothing was run or changed); 3 checkpoints failed (a stop's "
               "checkpoint, or checkpoint_max_failures generations in a row: disk full, quota), "
-              "the run stopped as failed (do not requeue); 85 checkpointed on SIGUSR1/SIGTERM "
+              "the run stopped as failed (do not requeue); 4 the run directory is held by another live "
+              "job, or was taken over by one while this job was frozen (do not requeue); 85 checkpointed on SIGUSR1/SIGTERM "
               "(requeue me)")
 
 
@@ -124,6 +125,9 @@ def print_config(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hpcrl.runtime import early_signals
+
+    early_signals.install()           # before any heavy import: SLURM may signal during start-up
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.dry_run:
@@ -131,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         return print_config(args)
     from hpcrl.config import ConfigError, load_config
+    from hpcrl.runtime.lease import LeaseLost, RunDirBusy
     from hpcrl.runtime.topology import LayoutError, make_layout
 
     try:
@@ -139,9 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         return _error(str(exc), _env_rank())
     if cfg.async_progress:
         os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
-    from hpcrl.runtime.coord import install_early_handlers
-
-    install_early_handlers()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -170,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                      reset_metrics=args.reset_metrics)
         _ignore_stop_signals()
         return status
+    except RunDirBusy as exc:       # raised identically on every rank (decided by rank 0)
+        _error(str(exc), rank)
+        return EXIT_BUSY
+    except LeaseLost as exc:        # rank 0 found another job holding its run directory
+        _error(f"run directory {cfg.resolved_run_dir()}: this job no longer holds it: {exc}; "
+               "stopping without writing anything more there", rank)
+        comm.Abort(EXIT_BUSY)
+        return EXIT_BUSY
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)
         return _error(str(exc), rank)
     except BaseException as exc:  # noqa: BLE001 - any failure must abort the whole job

@@ -37,6 +37,8 @@
 #   HPCRL_NTASKS    rank count when SLURM_NTASKS is not set (dry runs; default: the script's)
 
 HPCRL_EXIT_CONFIG=2
+HPCRL_EXIT_CHECKPOINT=3
+HPCRL_EXIT_BUSY=4
 HPCRL_EXIT_REQUEUE=85
 
 hpcrl_log() {
@@ -128,6 +130,7 @@ hpcrl_on_signal() {
     local sig=$1
     HPCRL_INTERRUPTED=1
     HPCRL_STOP_REQUESTED=1
+    HPCRL_FIRST_SIGNAL=${HPCRL_FIRST_SIGNAL:-$sig}
     if [ -n "${HPCRL_CHILD:-}" ]; then
         hpcrl_log "received SIG$sig: forwarding to the launcher (pid $HPCRL_CHILD)"
         kill -s "$sig" "$HPCRL_CHILD" 2>/dev/null || true
@@ -136,8 +139,15 @@ hpcrl_on_signal() {
     fi
 }
 
-# Requeues this array task (exit status 85 = checkpoint written, resume later).
+# Requeues this array task (exit status 85 = checkpoint written, resume later), unless the
+# stop began with SIGTERM: SLURM's warning before a time limit or preemption is the SIGUSR1
+# of --signal=B:USR1@<s>; a SIGTERM that comes first is a user's scancel.
 hpcrl_requeue() {
+    if [ "${HPCRL_FIRST_SIGNAL:-}" = TERM ]; then
+        hpcrl_log "stopped by SIGTERM (scancel) with a checkpoint written: not requeueing;" \
+            "submit the task again to resume from its run directory"
+        exit "$HPCRL_EXIT_REQUEUE"
+    fi
     if [ "$HPCRL_REQUEUE" != 1 ] || [ -z "${SLURM_JOB_ID:-}" ]; then
         hpcrl_log "exit status $HPCRL_EXIT_REQUEUE (checkpointed) but not requeueing" \
             "(HPCRL_REQUEUE=$HPCRL_REQUEUE, SLURM_JOB_ID=${SLURM_JOB_ID:-unset})"
@@ -153,6 +163,7 @@ hpcrl_requeue() {
 
 hpcrl_array_main() {
     HPCRL_STOP_REQUESTED=0
+    HPCRL_FIRST_SIGNAL=
     trap 'hpcrl_on_signal USR1' USR1
     trap 'hpcrl_on_signal TERM' TERM
     hpcrl_resolve_settings
@@ -204,8 +215,14 @@ hpcrl_array_main() {
     hpcrl_run_forwarding "${HPCRL_CMD[@]}"
     rc=$?
     hpcrl_log "launcher exited with status $rc after $((SECONDS - t0)) s"
-    if [ "$rc" -eq "$HPCRL_EXIT_REQUEUE" ]; then
-        hpcrl_requeue
-    fi
+    case "$rc" in
+        "$HPCRL_EXIT_REQUEUE") hpcrl_requeue ;;
+        "$HPCRL_EXIT_CHECKPOINT")
+            hpcrl_log "checkpoints could not be written (disk full or quota?): the run stopped" \
+                "as failed; not requeueing (free space, then submit the task again to resume)" ;;
+        "$HPCRL_EXIT_BUSY")
+            hpcrl_log "the run directory is held by another live job (or was taken over by one):" \
+                "not requeueing; that job carries the run" ;;
+    esac
     exit "$rc"
 }

@@ -38,8 +38,10 @@
 # srun --mpi=pmi2), HPCRL_ROOT (default: the submit directory), HPCRL_DRY_RUN=1 with
 # HPCRL_TASK_ID=N to print task N's game, layout and command without running anything.
 #
-# Exit status: hpcrl.run's (2 config/layout, 1 failure); 85 (checkpoint written on SIGUSR1 /
-# SIGTERM) makes the script run `scontrol requeue $SLURM_JOB_ID` and exit 0.
+# Exit status: hpcrl.run's (1 failure, 2 config/layout, 3 checkpoints failed, 4 run directory
+# held by another job: none of these is requeued); 85 (checkpoint written after SLURM's
+# SIGUSR1) makes the script run `scontrol requeue $SLURM_JOB_ID` and exit 0; after a user's
+# scancel (SIGTERM first) it exits 85 without requeueing.
 set -uo pipefail
 
 HPCRL_GAME_SET=gorila49

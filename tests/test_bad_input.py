@@ -104,6 +104,9 @@ def test_truncated_newest_generation_falls_back(finished_run, tmp_path):
     assert "warning: skipping checkpoint generation 2" in proc.stdout
     assert "truncated" in proc.stdout
     assert "resuming from checkpoint generation 1 at frame" in proc.stdout
+    # the damaged generation's number is not written into again: the final one is 3
+    assert "[hpcrl] checkpoint generation 3 at frame 4," in proc.stdout, proc.stdout[-2000:]
+    assert ck.latest_complete(finished_run / "checkpoints")[0] == 3
 
 
 def test_every_generation_damaged_is_an_error(finished_run, tmp_path):

@@ -104,3 +104,79 @@ def test_unreadable_file_is_a_clear_error(tmp_path):
 def test_object_arrays_are_refused(tmp_path):
     with pytest.raises(TypeError, match="not a plain array"):
         ck.write_state(tmp_path / "x.h5", {"bad": np.array([{"a": 1}], dtype=object)})
+
+
+_CRASHING_WRITER = """
+import sys
+from pathlib import Path
+import numpy as np
+from hpcrl.io import checkpoint as ck
+from hpcrl.runtime import hooks
+root, gen = Path(sys.argv[1]), int(sys.argv[2])
+files = [ck.write_state(ck.rank_file(root, gen, r), {"params": np.full(50000, gen + r, np.float32)},
+                        crash=lambda step, r=r: hooks.checkpoint_crash(r, step))
+         for r in range(2)]
+ck.write_manifest(root, gen, files, {"frames": 100 * gen})
+hooks.checkpoint_crash(0, "manifest")
+ck.prune(root, 1)
+"""
+
+
+@pytest.mark.parametrize("rank, step", [(1, "closed"), (1, "synced"), (1, "renamed"),
+                                        (1, "dir-synced"), (0, "manifest")])
+def test_a_crash_at_any_step_of_a_write_leaves_a_generation_that_verifies(tmp_path, rank, step):
+    """The writer is SIGKILLed at each step of generation 2 (the hooks of the production write
+    path): the newest complete generation always verifies, with its recorded hashes; it is
+    generation 2 only once its manifest was written."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.util import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", _CRASHING_WRITER, str(tmp_path), "1"], env=env,
+                   check=True, timeout=60)
+    env["HPCRL_CKPT_CRASH_AT"] = f"{rank}:{step}"
+    proc = subprocess.run([sys.executable, "-c", _CRASHING_WRITER, str(tmp_path), "2"], env=env,
+                          timeout=60)
+    assert proc.returncode == -9                       # killed where asked
+    gen, manifest = ck.latest_complete(tmp_path, warn=pytest.fail)
+    assert gen == (2 if step == "manifest" else 1)
+    state = ck.read_state(ck.rank_file(tmp_path, gen, 1))
+    assert state["params"][0] == gen + 1
+    if step in ("renamed", "dir-synced"):              # the renamed file is whole and hashed
+        assert ck.sha256(ck.rank_file(tmp_path, 2, 1)) == ck._sync_and_hash(
+            ck.rank_file(tmp_path, 2, 1))
+
+
+def test_hdf5_write_errors_are_os_errors_with_their_errno():
+    """HDF5 reports ENOSPC from a real disk as RuntimeError; the checkpoint path needs OSError."""
+    exc = RuntimeError("Can't write data (file write failed: time = Wed Dec  2 10:00:00 2026, "
+                       "filename = 'x.h5.tmp', file descriptor = 7, errno = 28, error message = "
+                       "'No space left on device', buf = 0x55, total write size = 4096)")
+    from hpcrl.io.files import h5_os_error
+
+    err = h5_os_error(exc)
+    assert isinstance(err, OSError) and err.errno == 28
+    assert err.strerror.startswith("No space left on device")
+    assert h5_os_error(RuntimeError("something else")).errno == 5
+
+
+def test_an_unreadable_file_skips_its_generation(tmp_path, monkeypatch):
+    """An I/O error while hashing (EIO, ESTALE) falls back to the older generation with a
+    warning, instead of stopping every start."""
+    make_gen(tmp_path, 1)
+    make_gen(tmp_path, 2)
+    bad, orig = ck.rank_file(tmp_path, 2, 1), ck.sha256
+
+    def sha256(path):
+        if Path(path) == bad:
+            raise OSError(5, "Input/output error")
+        return orig(path)
+
+    monkeypatch.setattr(ck, "sha256", sha256)
+    warnings = []
+    assert ck.latest_complete(tmp_path, warn=warnings.append)[0] == 1
+    assert warnings == [f"hpcrl: warning: skipping checkpoint generation 2: {bad}: unreadable "
+                        "(Input/output error)"]

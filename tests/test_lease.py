@@ -11,15 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.runtime.lease import LEASE_NAME, LOCK_NAME, RunDirBusy, RunDirLease, describe, judge, read_lease
+from hpcrl.runtime import lease as lease_mod
+from hpcrl.runtime.lease import LEASE_NAME, LOCK_NAME, LeaseLost, RunDirBusy, RunDirLease, \
+    describe, plan, read_lease
 from tests.util import ROOT, mpiexec_path, signal_tree
 
-ME = dict(host="c001", pid=100, slurm_job="77", slurm_array=None, started=0.0, heartbeat=1000.0)
+ME = dict(host="c001", pid=100, slurm_job="77", slurm_array=None, slurm_restart=0,
+          token="me", beat=0, heartbeat_s=10.0, started=0.0, heartbeat=1000.0)
 
 
 def holder(**kw):
     return {**dict(host="c042", pid=5678, slurm_job="1234", slurm_array="1234_7",
-                   started=0.0, heartbeat=997.0), **kw}
+                   slurm_restart=0, token="t", beat=9, heartbeat_s=10.0, started=0.0,
+                   heartbeat=997.0), **kw}
 
 
 def alive(_pid):
@@ -30,20 +34,29 @@ def dead(_pid):
     return False
 
 
-@pytest.mark.parametrize("lock, old, pid_alive, take", [
-    ("busy", None, alive, False),                       # a held lock always refuses
-    ("busy", holder(heartbeat=0.0), dead, False),       # even with a stale lease file
-    ("held", None, alive, True),                        # a fresh directory
-    ("held", holder(), alive, False),                   # live holder on another node
-    ("held", holder(heartbeat=1000 - 301), alive, True),  # its heartbeat is past 300 s
-    ("held", holder(host="c001"), alive, True),         # same host, lock free: holder gone
-    ("held", holder(slurm_job="77"), alive, True),      # this job, requeued
-    ("unsupported", holder(), alive, False),
-    ("unsupported", holder(host="c001"), dead, True),   # no locks: the pid decides
-    ("unsupported", holder(host="c001"), alive, False),
+@pytest.mark.parametrize("lock, old, me, pid_alive, expect", [
+    ("busy", holder(), ME, dead, ("busy", 0.0)),            # a held lock refuses
+    ("busy", holder(heartbeat=0.0), ME, dead, ("busy", 0.0)),  # however old its heartbeat
+    ("held", holder(), ME, alive, ("watch", 300.0)),        # another node's: watch its beat
+    ("held", holder(heartbeat=1e9), ME, alive, ("watch", 300.0)),  # clocks are not compared
+    ("held", holder(host="c001"), ME, alive, ("take", 0.0)),  # same host, lock free: gone
+    ("unsupported", holder(), ME, alive, ("watch", 300.0)),
+    ("unsupported", holder(host="c001"), ME, dead, ("take", 0.0)),   # no locks: the pid
+    ("unsupported", holder(host="c001"), ME, alive, ("watch", 300.0)),  # stopped, not gone
+    ("held", {"corrupt": True, "digest": "x"}, ME, alive, ("watch", 300.0)),
+    # a requeue of this SLURM job: three of its predecessor's beats, even under its lock
+    ("busy", holder(slurm_job="77"), dict(ME, slurm_restart=1), alive, ("watch", 30.0)),
+    ("busy", holder(slurm_job="77", heartbeat_s=0.5), dict(ME, slurm_restart=2), alive,
+     ("watch", 1.5)),
+    # the same incarnation (a second srun step of one allocation) is another job
+    ("busy", holder(slurm_job="77"), ME, alive, ("busy", 0.0)),
+    ("held", holder(slurm_job="77"), ME, alive, ("watch", 300.0)),
+    ("busy", holder(slurm_job="77", slurm_restart=3), dict(ME, slurm_restart=1), alive,
+     ("busy", 0.0)),
 ])
-def test_takeover_rule(lock, old, pid_alive, take):
-    assert judge(lock, old, ME, now=1000.0, stale_s=300.0, pid_alive=pid_alive).take is take
+def test_takeover_rule(lock, old, me, pid_alive, expect):
+    p = plan(lock, old, me, stale_s=300.0, pid_alive=pid_alive)
+    assert (p.action, p.watch_s) == expect
 
 
 def test_holder_is_named():
@@ -91,9 +104,11 @@ def test_lock_between_processes_and_sigkilled_holder(tmp_path):
 
 def test_heartbeat_is_rewritten(tmp_path):
     lease = RunDirLease.acquire(tmp_path, 0.5)          # heartbeat every 0.05 s
-    first = read_lease(tmp_path)["heartbeat"]
+    first = read_lease(tmp_path)
     time.sleep(0.3)
-    assert read_lease(tmp_path)["heartbeat"] > first
+    now = read_lease(tmp_path)
+    assert now["beat"] >= first["beat"] + 2 and now["heartbeat"] > first["heartbeat"]
+    assert now["token"] == first["token"] == lease.me["token"]
     lease.release()
 
 
@@ -131,7 +146,7 @@ def test_second_job_on_a_live_run_directory_is_refused(tmp_path):
         t0 = time.monotonic()
         b = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         wall = time.monotonic() - t0
-        assert b.returncode == 2, b.stdout + b.stderr
+        assert b.returncode == 4, b.stdout + b.stderr
         assert wall < 10
         lines = [line for line in b.stderr.splitlines() if "is in use by" in line]
         assert len(lines) == 1, b.stderr          # rank 0 says it; every rank exits 2
@@ -165,3 +180,270 @@ def test_a_zombie_holds_nothing():
         time.sleep(0.05)
     assert Path(f"/proc/{child.pid}").exists()       # still in the process table
     child.wait()
+
+
+_CONTEND = """
+import sys, time
+from pathlib import Path
+from hpcrl.runtime.lease import RunDirBusy, RunDirLease
+run_dir, stale_s, hold_s = Path(sys.argv[1]), *map(float, sys.argv[2:4])
+print("ready", flush=True)
+sys.stdin.readline()                              # "go": sent to all contenders at once
+try:
+    lease = RunDirLease.acquire(run_dir, stale_s, warn=lambda *a, **k: None)
+except RunDirBusy:
+    print("busy", flush=True)
+    sys.exit(0)
+print("held", lease.me["token"], flush=True)
+time.sleep(hold_s)
+lease.check()
+lease.release()
+"""
+
+
+def _contenders(run_dir, n, stale_s, hold_s, env):
+    """``n`` processes that try to take ``run_dir``'s lease at the same instant."""
+    procs = [subprocess.Popen([sys.executable, "-c", _CONTEND, str(run_dir), str(stale_s),
+                               str(hold_s)], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    return procs
+
+
+def test_racing_starts_without_flock_one_wins_every_time(tmp_path):
+    """Two jobs start on one directory at the same instant on a file system without locks:
+    every time exactly one holds it. Half the repetitions race on a fresh directory (both
+    create the lease), half on a lease left by a dead process (both break it)."""
+    env = dict(os.environ, HPCRL_LEASE_NO_FLOCK="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout.strip()
+    for batch in range(4):                     # 5 directories at a time, 20 in all
+        runs = {}
+        for rep in range(5 * batch, 5 * batch + 5):
+            run_dir = tmp_path / f"r{rep}"
+            run_dir.mkdir()
+            if rep % 2:
+                (run_dir / LEASE_NAME).write_text(
+                    '{"host": "%s", "pid": %s, "token": "dead", "beat": 4}\n'
+                    % (__import__("socket").gethostname(), dead_pid))
+            runs[run_dir] = _contenders(run_dir, 2, stale_s=2.0, hold_s=2.0, env=env)
+        for run_dir, procs in runs.items():
+            outs = [p.communicate(timeout=60) for p in procs]
+            assert all(p.returncode == 0 for p in procs), outs
+            said = sorted(out.split()[0] for out, _ in outs)
+            assert said == ["busy", "held"], (run_dir.name, outs)
+            assert not (run_dir / LEASE_NAME).exists()          # the winner released it
+            assert not list(run_dir.glob(".hpcrl-lease*"))      # no marker or temp file left
+
+
+_FROZEN = """
+import os, sys, time
+from pathlib import Path
+from hpcrl.runtime.lease import LeaseLost, RunDirLease
+run_dir = Path(sys.argv[1])
+lease = RunDirLease.acquire(run_dir, float(sys.argv[2]))
+lease.on_lost = lambda: os._exit(4)
+print("held", flush=True)
+n = 0
+while True:
+    try:
+        lease.check()                     # as before a manifest, a prune, a metrics flush
+    except LeaseLost:
+        os._exit(4)
+    n += 1
+    (run_dir / "writes.tmp").write_text(str(n))
+    os.replace(run_dir / "writes.tmp", run_dir / "writes")
+    time.sleep(0.01)
+"""
+
+
+def test_frozen_holder_is_taken_over_and_stops_when_continued(tmp_path):
+    """Without locks, a holder stopped (SIGSTOP) past the stale bound is taken over by a new
+    job; continued, it finds the lease is no longer its own and stops with one line, writing
+    nothing more."""
+    env = dict(os.environ, HPCRL_LEASE_NO_FLOCK="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    a = subprocess.Popen([sys.executable, "-c", _FROZEN, str(tmp_path), "1.0"], cwd=ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert a.stdout.readline().strip() == "held"
+        time.sleep(0.3)
+        a.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        writes = (tmp_path / "writes").read_text()
+        assert int(writes) > 0
+        notes = []
+        os.environ["HPCRL_LEASE_NO_FLOCK"] = "1"
+        try:
+            t0 = time.monotonic()
+            b = RunDirLease.acquire(tmp_path, 1.0, warn=lambda m, **k: notes.append(m))
+            waited = time.monotonic() - t0
+        finally:
+            del os.environ["HPCRL_LEASE_NO_FLOCK"]
+        assert 1.0 <= waited < 5.0, waited                 # watched it for the stale bound
+        assert "did not change for run_dir_lease_s = 1 s" in notes[-1]
+        a.send_signal(signal.SIGCONT)
+        _, err = a.communicate(timeout=10)
+        assert a.returncode == 4
+        assert (tmp_path / "writes").read_text() == writes    # nothing written after
+        b.check()                                              # b still holds it
+        assert read_lease(tmp_path)["token"] == b.me["token"]
+        b.release()
+        assert not (tmp_path / LEASE_NAME).exists()
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    assert err.count("no longer holds it") <= 1
+
+
+def test_requeue_gets_through_while_the_old_lock_is_still_held(tmp_path, monkeypatch):
+    """The previous start of this SLURM job (restart count 0) is frozen and still holds its
+    lock (a failed node whose lock the lock manager has not released yet): a second start of
+    the same allocation is refused at once, the requeue (restart count 1) takes over after
+    three of the old heartbeat periods."""
+    env = dict(os.environ, SLURM_JOB_ID="555", SLURM_RESTART_COUNT="0",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    a = subprocess.Popen([sys.executable, "-c", _HOLD.replace("300.0", "2.0"), str(tmp_path)],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert a.stdout.readline().strip() == "held"
+        monkeypatch.setenv("SLURM_JOB_ID", "555")
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+        with pytest.raises(RunDirBusy, match="in use by job 555"):
+            RunDirLease.acquire(tmp_path, 2.0)            # another step, same incarnation
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+        with pytest.raises(RunDirBusy):                   # the old start still beats
+            RunDirLease.acquire(tmp_path, 2.0, warn=lambda *a, **k: None)
+        a.send_signal(signal.SIGSTOP)
+        notes = []
+        t0 = time.monotonic()
+        b = RunDirLease.acquire(tmp_path, 2.0, warn=lambda m, **k: notes.append(m))
+        waited = time.monotonic() - t0
+        assert 0.6 <= waited < 3.0, waited                # 3 periods of 0.2 s, not 2 s
+        assert "previous start (restart 0) stopped beating" in notes[-1]
+        assert read_lease(tmp_path)["slurm_restart"] == 1
+        b.release()
+    finally:
+        a.kill()
+        a.wait()
+
+
+def test_requeue_retries_a_busy_directory_until_it_is_free(tmp_path, monkeypatch):
+    holder_proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD.replace("time.sleep(60)", "time.sleep(2); lease.release()"),
+         str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder_proc.stdout.readline().strip() == "held"
+        notes = []
+        lease = RunDirLease.acquire(tmp_path, 300.0, retry_s=30.0,
+                                    warn=lambda m, **k: notes.append(m))
+        assert any("trying again in" in n for n in notes)
+        assert read_lease(tmp_path)["pid"] == os.getpid()
+        lease.release()
+    finally:
+        holder_proc.kill()
+        holder_proc.wait()
+
+
+def test_release_leaves_a_successors_lease(tmp_path):
+    lease = RunDirLease.acquire(tmp_path, 300.0)
+    other = dict(read_lease(tmp_path), token="successor", pid=1)
+    (tmp_path / LEASE_NAME).write_text(__import__("json").dumps(other))
+    with pytest.raises(LeaseLost, match="taken over"):
+        lease.check()
+    lease.release()
+    assert read_lease(tmp_path)["token"] == "successor"
+
+
+def test_only_a_missing_lease_file_means_no_holder(tmp_path):
+    (tmp_path / LEASE_NAME).mkdir()                   # unreadable, not absent
+    with pytest.raises(OSError):
+        read_lease(tmp_path)
+    with pytest.raises(OSError):
+        RunDirLease.acquire(tmp_path, 300.0)
+    (tmp_path / LEASE_NAME).rmdir()
+    (tmp_path / LEASE_NAME).write_text("{not json")
+    assert read_lease(tmp_path)["corrupt"] is True
+
+
+def test_a_heartbeat_that_cannot_be_written_loses_the_lease(tmp_path, monkeypatch):
+    """Past half the stale bound without a written beat, others may take the directory over:
+    the holder gives it up and says why."""
+    lease = RunDirLease.acquire(tmp_path, 0.4)            # beats every 0.04 s
+    lost = []
+    lease.on_lost = lambda: lost.append(lease.lost)
+
+    def full(*_a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lease_mod, "_write_json", full)
+    deadline = time.monotonic() + 5
+    while not lost:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert "could not be written" in lost[0] and "No space left" in lost[0]
+    with pytest.raises(LeaseLost):
+        lease.check()
+    lease.release()
+
+
+@pytest.mark.mpi
+def test_frozen_job_taken_over_on_a_file_system_without_locks(tmp_path):
+    """Real jobs, flock switched off: job A is frozen (SIGSTOP) past run_dir_lease_s; job B
+    watches A's lease, takes it over and resumes A's checkpoint. A, continued, exits 4 with one
+    line on rank 0 and writes nothing more; B carries the run on and checkpoints it."""
+    run_dir = tmp_path / "r"
+    cmd, env = _job(run_dir, "--set", "total_frames=100000000", "--set",
+                    "checkpoint_every_min=0.02", "--set", "run_dir_lease_s=2")
+    env["HPCRL_LEASE_NO_FLOCK"] = "1"
+    with open(tmp_path / "a.log", "w") as log:
+        a = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    b = None
+    try:
+        deadline = time.monotonic() + 90
+        while not list(run_dir.glob("checkpoints/gen-*/MANIFEST.json")):
+            assert a.poll() is None and time.monotonic() < deadline, "job A did not checkpoint"
+            time.sleep(0.2)
+        signal_tree(a.pid, signal.SIGSTOP)
+        a_token = read_lease(run_dir)["token"]
+        with open(tmp_path / "b.log", "w") as log:
+            b = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while read_lease(run_dir)["token"] == a_token:
+            assert b.poll() is None and time.monotonic() < deadline + 60, "B did not take over"
+            time.sleep(0.1)
+        b_gen = None
+        while b_gen is None:                  # B resumed and wrote a generation of its own
+            assert b.poll() is None and time.monotonic() < deadline + 120
+            text = (tmp_path / "b.log").read_text()
+            if "resuming from checkpoint generation" in text and "checkpoint generation" in \
+                    text.split("resuming from checkpoint generation", 1)[1]:
+                b_gen = True
+            time.sleep(0.2)
+        signal_tree(a.pid, signal.SIGCONT)
+        assert a.wait(timeout=30) == 4
+        a_log = (tmp_path / "a.log").read_text()
+        assert a_log.count("no longer holds it") == 1, a_log
+        assert b.poll() is None                          # B goes on
+        time.sleep(2.0)
+        signal_tree(b.pid, signal.SIGTERM)
+        assert b.wait(timeout=60) == 85
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                signal_tree(p.pid, signal.SIGKILL)
+                p.wait()
+    b_log = (tmp_path / "b.log").read_text()
+    assert "its heartbeat did not change for run_dir_lease_s = 2 s" in b_log, b_log
+    assert not (run_dir / LEASE_NAME).exists()
+    from hpcrl.io.checkpoint import latest_complete
+    from hpcrl.io.metrics import read_metrics
+
+    assert latest_complete(run_dir / "checkpoints") is not None
+    read_metrics(run_dir / "metrics.h5")

@@ -327,3 +327,101 @@ def test_corrupt_file_of_a_crashed_writer_fails_fast(tmp_path):
     with pytest.raises(MetricsError, match="unreadable"):
         read_metrics(path)
     assert time.monotonic() - start < 10.0
+
+
+def test_a_real_full_disk_keeps_rows_until_a_flush_succeeds(tmp_path):
+    """metrics.h5 on a 4 MB tmpfs that fills up: the flush raises ENOSPC before HDF5 writes
+    anything, every buffered row is kept, and once space is freed one flush writes them all,
+    once each."""
+    from tests.util import fill_disk, mount_small_tmpfs, unmount
+
+    disk = tmp_path / "disk"
+    why = mount_small_tmpfs(disk, 4)
+    if why:
+        pytest.skip(why)
+    try:
+        path = disk / "metrics.h5"
+        w = MetricsWriter(path, ATTRS, resume=False)
+        w.append("train", **_train_row(1))
+        w.flush()
+        filler = fill_disk(disk)
+        n = 20_000
+        frames = np.arange(2, n + 2)
+        w.append("episodes", frames=frames, return_=np.full(n, -20.0), length=np.full(n, 9),
+                 rank=np.ones(n, np.int32))
+        for attempt in range(2):                     # a retry on a still-full disk fails too
+            with pytest.raises(OSError) as err:
+                w.flush()
+            assert err.value.errno == 28 and "MB free" in err.value.strerror, err.value
+            assert w.rows("episodes") == n and w.broken is None
+        filler.unlink()
+        w.append("train", **_train_row(n + 2))
+        w.close("finished")
+        data = read_metrics(path)
+        np.testing.assert_array_equal(data["episodes"]["frames"], frames)
+        np.testing.assert_array_equal(data["train"]["frames"], [1, n + 2])
+        assert data["status"] == "finished"
+    finally:
+        unmount(disk)
+
+
+_QUOTA_WRITER = """
+import sys
+import numpy as np
+from hpcrl.io import metrics
+from hpcrl.io.metrics import MetricsWriter
+from tests.util import fill_disk
+metrics.check_space = lambda *a: None          # a quota: statvfs sees free space
+path = sys.argv[1]
+w = MetricsWriter(path, dict(algo="a3c_ff", game="pong", seed=3, config="x"), resume=False)
+w.append("train", frames=1, updates=0, loss=0.5, dropped_stale=1, dropped_outlier=2,
+         dropped_nonfinite=0, frames_per_second=1.0)
+w.flush()
+filler = fill_disk(__import__("pathlib").Path(path).parent)
+n = 20000
+w.append("episodes", frames=np.arange(2, n + 2), return_=np.zeros(n), length=np.ones(n),
+         rank=np.ones(n, np.int32))
+for attempt in range(2):
+    try:
+        w.flush()
+    except OSError as exc:
+        print(attempt, exc.errno, w.broken is not None, exc.strerror, flush=True)
+filler.unlink()
+try:
+    w.close("finished")
+except OSError as exc:
+    print("close", exc.errno, flush=True)
+"""
+
+
+def test_a_write_that_fails_inside_hdf5_stops_writing_and_a_resume_continues(tmp_path):
+    """A quota (here: a full tmpfs with the statvfs check switched off) fails the write inside
+    HDF5: OSError with the errno, the writer touches the file no more (HDF5's state is then
+    undefined), and a resume reads the committed rows back and continues the file."""
+    import os
+
+    from tests.util import ROOT, fill_disk, mount_small_tmpfs, unmount
+
+    del fill_disk
+    disk = tmp_path / "disk"
+    why = mount_small_tmpfs(disk, 4)
+    if why:
+        pytest.skip(why)
+    try:
+        path = disk / "metrics.h5"
+        proc = subprocess.run([sys.executable, "-c", _QUOTA_WRITER, str(path)],
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        lines = proc.stdout.splitlines()
+        assert proc.returncode == 0 and len(lines) == 3, proc.stdout + proc.stderr[-2000:]
+        assert lines[0].startswith("0 28 True No space left on device")
+        assert lines[1].startswith("1 28 True") and "until the run restarts" in lines[1]
+        assert lines[2] == "close 28"
+        w = MetricsWriter(path, ATTRS | dict(config="x"), resume=True)
+        w.append("train", **_train_row(7))
+        w.close("finished")
+        data = read_metrics(path)
+        np.testing.assert_array_equal(data["train"]["frames"], [1, 7])
+        assert data["episodes"]["frames"].size == 0
+    finally:
+        unmount(disk)

@@ -105,6 +105,44 @@ def test_seeds_per_game_pick_game_and_seed_from_the_index(tmp_path):
     assert proc.returncode == 2 and "out of range for gorila49 with 3 seeds" in proc.stderr
 
 
+# The scripts' own signal, exit-status and requeue functions, with a launcher that exits as
+# hpcrl.run does and a stand-in `scontrol` that records the requeue.
+_STOP_HARNESS = r"""
+source slurm/common.sh
+scontrol() { echo "scontrol $*"; }
+SLURM_JOB_ID=42 HPCRL_REQUEUE=1 HPCRL_STOP_REQUESTED=0 HPCRL_FIRST_SIGNAL=
+trap 'hpcrl_on_signal USR1' USR1
+trap 'hpcrl_on_signal TERM' TERM
+echo ready
+hpcrl_run_forwarding bash -c "trap 'exit $1' USR1 TERM; sleep 30 & wait"
+rc=$?
+case "$rc" in
+    85) hpcrl_requeue ;;
+    3|4) hpcrl_log "status $rc: not requeueing" ;;
+esac
+exit "$rc"
+"""
+
+
+@pytest.mark.parametrize("sig, status, requeued, exit_status", [
+    ("USR1", 85, True, 0),        # SLURM's warning before the time limit: requeue
+    ("TERM", 85, False, 85),      # a user's scancel: checkpointed, not requeued
+    ("USR1", 3, False, 3),        # checkpoints failed: never requeued
+    ("USR1", 4, False, 4),        # another job holds the run directory
+])
+def test_stop_signal_and_exit_status_decide_the_requeue(sig, status, requeued, exit_status):
+    proc = subprocess.Popen(["bash", "-c", _STOP_HARNESS, "harness", str(status)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    proc.send_signal(getattr(__import__("signal"), f"SIG{sig}"))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == exit_status, out + err
+    assert ("scontrol requeue 42" in out) is requeued, out + err
+    if sig == "TERM":
+        assert "stopped by SIGTERM (scancel)" in err
+
+
 def test_bad_index_and_bad_launcher_fail_with_a_reason():
     proc = _dry_run("slurm/gorila_49games.sh", 49)
     assert proc.returncode == 2

@@ -133,3 +133,37 @@ def rank_pid(launcher_pid: int, rank: int) -> int:
         if any(f"{var}={rank}".encode() in env for var in RANK_VARS):
             return p
     raise LookupError(f"no rank {rank} under pid {launcher_pid}")
+
+
+def mount_small_tmpfs(path: Path, size_mb: int) -> str | None:
+    """Mount a tmpfs of ``size_mb`` at ``path`` (a real small disk that fills up); the reason
+    it cannot be done here (not root, no mount permission in a container), or None."""
+    path.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None:
+        return "no mount command"
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"cannot mount a tmpfs here ({proc.stderr.strip()[:200] or proc.returncode})"
+    return None
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill_disk(path: Path) -> Path:
+    """Fill the file system of ``path`` to the last byte with one file; returns the file."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for size in (1 << 20, 1 << 12, 1):
+            block = b"\0" * size
+            try:
+                while True:
+                    os.write(fd, block)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler

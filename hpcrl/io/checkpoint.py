@@ -8,13 +8,15 @@ Layout under ``<run_dir>/checkpoints/``::
 
 A generation counts only if its manifest exists and every file it lists has the recorded size
 and hash (dopamine writes its sentinel last for the same reason). Every file is written as
-``*.tmp``, flushed, fsynced, ``os.replace``d and the directory fsynced, so a crash at any
-moment leaves either the old file or the new one. The manifest is JSON and the states are plain
-arrays: nothing read back executes code (no pickle).
+``*.tmp``, closed, fsynced, hashed, ``os.replace``d and the directory fsynced, so a crash at
+any moment leaves either the old file or the new one (:func:`write_state`); ``checkpoints/``
+is fsynced after the manifest, before older generations are pruned. The manifest is JSON and
+the states are plain arrays: nothing read back executes code (no pickle).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,7 +26,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpcrl.io.files import fsync_dir, replace_text
+from hpcrl.io.files import check_space, fsync_dir, h5_os_error, replace_text
 
 MANIFEST = "MANIFEST.json"
 
@@ -49,22 +51,60 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_state(path: Path, state: dict) -> dict:
-    """Write ``{name: array or scalar}`` atomically; returns {file, bytes, sha256}."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as f:
+def _sync_and_hash(path: Path) -> str:
+    """fsync a closed file and hash what it holds (one pass)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_h5(path: Path, state: dict) -> None:
+    with h5py.File(path, "w") as f:
         for name, value in state.items():
             arr = np.asarray(value)
             if arr.dtype == object:
                 raise TypeError(f"state entry {name!r} is not a plain array")
             f.create_dataset(name, data=arr)
-        f.flush()
-        os.fsync(f.id.get_vfd_handle())
+
+
+def write_state(path: Path, state: dict, crash=lambda step: None) -> dict:
+    """Write ``{name: array or scalar}`` durably; returns {file, bytes, sha256}.
+
+    Order: write ``*.tmp`` and close it (HDF5 may still change the file at close), fsync it and
+    hash what is on disk, rename, fsync the directory. A crash at any step leaves either no
+    file under the final name or one that matches the hash the manifest will record.
+    ``crash(step)``: the fault-injection point after each step (tests)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    check_space(path.parent, sum(np.asarray(v).nbytes for v in state.values()),
+                f"{path.name}")
+    error = None
+    try:
+        _write_h5(tmp, state)
+    except (OSError, RuntimeError) as exc:
+        error = h5_os_error(exc)
+    if error is not None:        # raised here: no h5py object of the failed file outlives it
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)                        # give a full disk its space back
+        raise error
+    crash("closed")
+    digest = _sync_and_hash(tmp)
+    crash("synced")
     os.replace(tmp, path)
+    crash("renamed")
     fsync_dir(path.parent)
-    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
+    crash("dir-synced")
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": digest}
+
+
+def failed_inside_hdf5(exc: OSError) -> bool:
+    """Whether ``exc`` (from :func:`write_state`) came from inside HDF5 (after which the
+    library's state is undefined), not from the free-space check before it."""
+    return "(HDF5: " in (exc.strerror or "")
 
 
 def read_state(path: Path, cols: slice | None = None) -> dict[str, np.ndarray]:
@@ -87,9 +127,12 @@ def read_state(path: Path, cols: slice | None = None) -> dict[str, np.ndarray]:
 
 
 def write_manifest(root: Path, gen: int, files: list[dict], info: dict) -> None:
-    """Rank 0, last: the generation becomes complete when this file appears."""
+    """Rank 0, last: the generation becomes complete when this file appears. The manifest is
+    written durably (:func:`replace_text`), then ``root`` is fsynced so that the generation's
+    own directory entry survives a crash before anything older is pruned."""
     replace_text(gen_dir(root, gen) / MANIFEST,
                  json.dumps({"generation": gen, "files": files, **info}, indent=1))
+    fsync_dir(root)
 
 
 def read_manifest(root: Path, gen: int) -> dict:
@@ -129,12 +172,15 @@ def verify(root: Path, gen: int, check_hash: bool = True, roles: set[str] | None
                               f"({exc!r})") from None
     for file, size, digest in entries:
         path = gen_dir(root, gen) / file
-        if not path.exists():
-            raise CheckpointError(f"{path}: missing")
-        if path.stat().st_size != size:
-            raise CheckpointError(f"{path}: truncated ({path.stat().st_size} of {size} bytes)")
-        if check_hash and sha256(path) != digest:
-            raise CheckpointError(f"{path}: corrupted (SHA-256 differs from the manifest)")
+        try:
+            if not path.exists():
+                raise CheckpointError(f"{path}: missing")
+            if path.stat().st_size != size:
+                raise CheckpointError(f"{path}: truncated ({path.stat().st_size} of {size} bytes)")
+            if check_hash and sha256(path) != digest:
+                raise CheckpointError(f"{path}: corrupted (SHA-256 differs from the manifest)")
+        except OSError as exc:            # EIO, ESTALE: this generation cannot be trusted
+            raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
     return manifest
 
 

@@ -73,7 +73,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hpcrl.io.files import fsync_dir
+from hpcrl.io.files import check_space, fsync_dir, h5_os_error
 
 SCHEMA_VERSION = 2
 
@@ -276,6 +276,10 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     raise MetricsError(f"{path}: unreadable metrics file ({error})")
 
 
+def _chunk_bytes(chunk: Mapping[str, np.ndarray]) -> int:
+    return sum(np.asarray(col).nbytes for col in chunk.values())
+
+
 def _normalise_columns(group: str, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Checks names and lengths; scalars are repeated over the rows (one row if all are).
 
@@ -368,15 +372,18 @@ class MetricsWriter:
         )
         self._status = "running"
         self._buffers: dict[str, list[dict[str, np.ndarray]]] = {g: [] for g in GROUPS}
+        #: the error of a write that failed inside HDF5, after which the library's state is
+        #: undefined (seen: a retry that "succeeded" and wrote zeros, crashes at a later close)
+        #: and this writer touches the file no more
+        self.broken: OSError | None = None
         self._committed = np.zeros(len(GROUPS), np.int64)
         self._file: h5py.File | None = None
         self._write_new_file(data)
 
     # -- file (re)creation -------------------------------------------------------------------
 
-    def _write_new_file(self, data: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Writes `data` to `<path>.tmp`, switches it to SWMR, then replaces `path` with it."""
-        tmp = self.path + ".tmp"
+    def _create_file(self, tmp: str, data: Mapping[str, Mapping[str, np.ndarray]]) -> h5py.File:
+        """The new file at `tmp`, in SWMR mode and fsynced (closed again if that fails)."""
         f = h5py.File(tmp, "w", libver="latest")
         try:
             for key, value in self._attrs.items():
@@ -393,23 +400,43 @@ class MetricsWriter:
             status = f.create_group("status")
             status.create_dataset("state", data=np.bytes_(self._status), dtype="S16")
             status.create_dataset("heartbeat_unix", data=np.float64(time.time()))
-            self._committed = np.array([len(data[g]["frames"]) for g in GROUPS], np.int64)
-            status.create_dataset("committed_rows", data=self._committed)
+            committed = np.array([len(data[g]["frames"]) for g in GROUPS], np.int64)
+            status.create_dataset("committed_rows", data=committed)
             status["committed_rows"].attrs["groups"] = ",".join(GROUPS)
             f.swmr_mode = True  # flushes everything written so far
+            os.fsync(f.id.get_vfd_handle())  # durable before it replaces the only history
         except BaseException:
-            f.close()
+            with contextlib.suppress(Exception):
+                f.close()
             raise
+        return f
+
+    def _write_new_file(self, data: Mapping[str, Mapping[str, np.ndarray]],
+                        wall_now_s: float | None = None) -> None:
+        """Writes `data` to `<path>.tmp`, switches it to SWMR, fsyncs it, then replaces `path`
+        with it (the old file stays until the new one is durable). `wall_now_s`: the run's
+        clock now, kept across the rewrite (default: the newest row's wall time)."""
+        tmp = self.path + ".tmp"
+        f, error = None, None
+        try:
+            f = self._create_file(tmp, data)
+        except (OSError, RuntimeError) as exc:
+            error = h5_os_error(exc)
+        if error is not None:                  # raised here: no h5py object outlives it
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)                 # a full disk: give the space back
+            raise error
         os.replace(tmp, self.path)
         # Best effort: the rename is atomic either way, and a file system that refuses a
         # directory fsync must not end a training run over its metrics file.
         with contextlib.suppress(OSError):
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self._file = f
+        self._committed = np.array([len(data[g]["frames"]) for g in GROUPS], np.int64)
         # Cached handles: an h5py path lookup costs about as much as the write itself.
         self._datasets = {g: {name: f[g][name] for name in COLUMNS[g]} for g in GROUPS}
         self._status_ds = {name: f["status"][name] for name in f["status"]}
-        self._wall_offset_s = max(
+        self._wall_offset_s = wall_now_s if wall_now_s is not None else max(
             [float(np.max(data[g]["wall_time"])) for g in GROUPS if len(data[g]["wall_time"])]
             + [0.0]
         )
@@ -436,7 +463,8 @@ class MetricsWriter:
             arrays["wall_time"] = np.full(n, self.wall_time_s(), np.float64)
         self._buffers[group].append(arrays)
         if sum(len(b["frames"]) for b in self._buffers[group]) >= _AUTO_FLUSH_ROWS:
-            self.flush()
+            with contextlib.suppress(OSError):   # kept buffered; the owner's flush reports it
+                self.flush()
 
     def rows(self, group: str) -> int:
         """Rows of `group` appended so far (flushed or still buffered)."""
@@ -444,24 +472,56 @@ class MetricsWriter:
         return int(self._committed[GROUPS.index(group)]) + buffered
 
     def flush(self) -> None:
-        """Writes buffered rows, then commits row counts and the heartbeat (two HDF5 flushes)."""
+        """Writes buffered rows, then commits row counts and the heartbeat (two HDF5 flushes).
+
+        Raises:
+            OSError: ENOSPC before anything was written, when the file system has less free
+                space than the rows need (statvfs: a full disk): every buffered row is kept,
+                and the next flush, once there is space, writes them all once. Or the write
+                failed inside HDF5 (a quota, which statvfs does not see; HDF5's RuntimeError
+                carries the errno): then the writer is ``broken``, every later flush raises
+                at once, and the run must restart to continue the file.
+        """
         self._check_open()
+        if self.broken is not None:
+            raise OSError(self.broken.errno, f"{self.broken.strerror}; metrics.h5 is not "
+                                             "written again until the run restarts")
+        check_space(os.path.dirname(os.path.abspath(self.path)),
+                    2 * sum(_chunk_bytes(c) for g in GROUPS for c in self._buffers[g]),
+                    "metrics.h5's new rows")
+        error = None
+        try:
+            self._write_buffered()
+        except (OSError, RuntimeError) as exc:
+            error = h5_os_error(exc)
+        if error is not None:
+            # HDF5's state after a failed write is undefined (seen on a full tmpfs: a retry
+            # that "succeeded" and left zeros; crashes at a later close): this writer touches
+            # the file no more. Raised outside the handler, so that no traceback keeps h5py
+            # objects of the failed write alive. The file on disk keeps its committed rows
+            # (readers cut every column to them); a resume continues it from its checkpoint.
+            self.broken = error
+            raise error
+        self._buffers = {g: [] for g in GROUPS}
+
+    def _write_buffered(self) -> None:
         f = self._file
+        committed = self._committed.copy()
         for i, group in enumerate(GROUPS):
             chunks = self._buffers[group]
             if not chunks:
                 continue
-            start = int(self._committed[i])
+            start = int(committed[i])
             stop = start + sum(len(c["frames"]) for c in chunks)
             for name, ds in self._datasets[group].items():
                 ds.resize((stop,))
                 ds[start:stop] = np.concatenate([c[name] for c in chunks])
-            self._buffers[group] = []
+            committed[i] = stop
         f.flush()  # column data first ...
-        self._committed = np.array([self._datasets[g]["frames"].shape[0] for g in GROUPS], np.int64)
-        self._status_ds["committed_rows"][...] = self._committed
+        self._status_ds["committed_rows"][...] = committed
         self._status_ds["heartbeat_unix"][()] = time.time()
         f.flush()  # ... then the row counts that make it visible to readers
+        self._committed = committed
 
     def set_status(self, status: str) -> None:
         """Flushes and records the run status (running / finished / failed / preempted)."""
@@ -469,7 +529,15 @@ class MetricsWriter:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         self._check_open()
         self._status = status
-        self._status_ds["state"][()] = np.bytes_(status)
+        if self.broken is None:
+            error = None
+            try:
+                self._status_ds["state"][()] = np.bytes_(status)
+            except (OSError, RuntimeError) as exc:
+                error = h5_os_error(exc)
+            if error is not None:
+                self.broken = error
+                raise error
         self.flush()
 
     def rollback(self, frames: int) -> None:
@@ -496,12 +564,18 @@ class MetricsWriter:
         self._write_new_file(kept)
 
     def close(self, status: str = "finished") -> None:
-        """Flushes, records the final status and closes. A second call does nothing."""
+        """Flushes, records the final status and closes (OSError if that fails: a writer whose
+        write failed inside HDF5 leaves the file to the process's end). A second call does
+        nothing."""
         if self._file is None:
             return
-        self.set_status(status)
-        self._file.close()
-        self._file = None
+        try:
+            self.set_status(status)
+        finally:
+            if self.broken is None:
+                with contextlib.suppress(Exception):
+                    self._file.close()
+            self._datasets, self._status_ds, self._file = {}, {}, None
 
     def _check_open(self) -> None:
         if self._file is None:

@@ -34,32 +34,16 @@ from pathlib import Path
 from mpi4py import MPI
 
 from hpcrl.io import checkpoint as ck
-from hpcrl.runtime import hooks, watchdog
+from hpcrl.runtime import early_signals, hooks, watchdog
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.store import NonFiniteState, ParameterStore
 
 STOP_BUDGET, STOP_SIGNAL, STOP_FAILED = 1, 2, 3
 #: Tag of a rank's checkpoint file entry to rank 0 (on the coordinator's own communicator).
 TAG_ENTRY = 31
+#: Prefix of a rank's error that must stop the run at once (a write failed inside HDF5).
+FATAL_MARK = "!"
 WAIT_POLL_S = 1e-3
-
-#: Time of a SIGUSR1/SIGTERM that arrived during start-up, before a Coordinator existed.
-_early_signal_time: float | None = None
-
-
-def install_early_handlers() -> None:
-    """Record a stop signal that arrives while the job starts (imports, MPI start-up, network
-    build, resume lookup: seconds to minutes). Without this, SLURM's warning in that window
-    would kill the ranks and the job would not be requeued; with it, the first coordinated
-    checkpoint is taken as soon as the loops run, and the job exits 85."""
-    def record(signum, frame):
-        global _early_signal_time
-        if _early_signal_time is None:
-            _early_signal_time = time.monotonic()
-
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(sig, record)
-
 
 def _say(line: str) -> None:
     """Print one line; a closed or broken stdout (EPIPE) must not undo a checkpoint."""
@@ -75,17 +59,20 @@ class Coordinator:
     def __init__(self, comm: MPI.Comm, store: ParameterStore, root: Path, *, gen_done: int,
                  every_s: float, keep: int, info: dict, stall_s: float = 0.0,
                  write_bound_s: float = 600.0, startup_s: float = 0.0,
-                 max_failures: int = 3):
+                 max_failures: int = 3, guard=None):
         self.comm, self.store, self.root = comm.Dup(), store, Path(root)
         #: seconds one generation may take to be written and gathered on every rank
         #: (:func:`hpcrl.runtime.sizing.checkpoint_bound_s`); the watchdog waits as long
         self.write_bound_s = write_bound_s
         #: rank 0: generations that failed in a row, and how many end the job
         self.failures, self.max_failures = 0, max_failures
+        #: rank 0: the run directory's lease check (raises LeaseLost when another job took the
+        #: directory over), called before the manifest and before pruning
+        self.guard = guard
         self.rank = comm.Get_rank()
         self.gen_done, self.every_s, self.keep, self.info = gen_done, every_s, keep, info
         self.next_time = time.monotonic() + every_s if every_s > 0 else None
-        self.signal_time: float | None = _early_signal_time
+        self.signal_time: float | None = early_signals.signal_time
         self._signal_sent = False
         self.stop_code = 0
         self._extra_requested = False
@@ -167,9 +154,10 @@ class Coordinator:
         time.sleep(1.0)             # let the launcher forward the report before Abort kills us
         self.comm.Abort(1)
 
-    def write(self, state_fn) -> int:
+    def write(self, state_fn, local_error: str | None = None) -> int:
         """Step 3, collective over every rank: write, gather, manifest. Returns the stop code
-        (0 = carry on)."""
+        (0 = carry on). ``local_error``: this rank cannot make the generation whole (rank 0's
+        metrics.h5 flush failed: the generation would not match the metrics), so it fails."""
         gen = self.gen_done + 1
         t0 = time.monotonic()
         # Writing and waiting for the slowest rank may take far longer than watchdog_s (a
@@ -178,12 +166,16 @@ class Coordinator:
         with watchdog.allow(self.write_bound_s):
             try:
                 hooks.checkpoint_delay(self.rank)
+                if local_error:
+                    raise OSError(local_error)
                 if hooks.checkpoint_write_fails(self.rank):
                     raise OSError(28, "No space left on device (injected)")
                 entry, error = (ck.write_state(ck.rank_file(self.root, gen, self.rank),
-                                               state_fn()), None)
+                                               state_fn(), crash=self._crash_point), None)
             except OSError as exc:                  # disk full, quota, unwritable: keep going
                 entry, error = None, f"rank {self.rank}: {exc.strerror or exc}"
+                if ck.failed_inside_hdf5(exc):
+                    error = FATAL_MARK + error          # see _finish
             except NonFiniteState as exc:
                 entry, error = None, f"rank {self.rank}: {exc}"
             stop = 0
@@ -233,12 +225,18 @@ class Coordinator:
     def _finish(self, gen: int, entries, t0: float) -> int:
         """Rank 0: publish the generation (manifest, then prune) or drop it; the stop code."""
         errors = [e for _, e in entries if e]
+        # A write that failed inside HDF5 (a quota) leaves that rank's library in an undefined
+        # state, where another attempt may crash it: the run stops now.
+        fatal = any(e.startswith(FATAL_MARK) for e in errors)
+        errors = [e.removeprefix(FATAL_MARK) for e in errors]
         frames = self._frames.read()
         files = [e for e, _ in entries]
         if not errors:
             info = dict(self.info, frames=frames, wall_unix=time.time())
             try:
+                self._guard()
                 ck.write_manifest(self.root, gen, files, info)
+                self._crash_point("manifest")
             except OSError as exc:
                 errors = [f"manifest: {exc.strerror or exc}"]
         self._ready.set(0)
@@ -246,9 +244,10 @@ class Coordinator:
         if errors:
             shutil.rmtree(ck.gen_dir(self.root, gen), ignore_errors=True)
             self.failures += 1
-            return self._failed(gen, errors[0], stop)
+            return self._failed(gen, errors[0], stop, fatal)
         self.failures = 0
         try:                            # the generation is published: nothing below undoes it
+            self._guard()
             ck.prune(self.root, self.keep)
         except OSError as exc:
             _say(f"hpcrl: warning: older checkpoint generations not pruned "
@@ -260,14 +259,23 @@ class Coordinator:
              f"{size:.1f} MB, written in {time.monotonic() - t0:.1f} s{since}")
         return stop
 
-    def _failed(self, gen: int, error: str, stop: int) -> int:
+    def _crash_point(self, step: str) -> None:
+        hooks.checkpoint_crash(self.rank, step)
+
+    def _guard(self) -> None:
+        if self.guard is not None:
+            self.guard()
+
+    def _failed(self, gen: int, error: str, stop: int, fatal: bool = False) -> int:
         """A generation that could not be written: go on with a warning, or stop as failed
         when the job was stopping anyway (its state would be lost) or too many failed in a
         row."""
         kept = f"generation {self.gen_done} is the newest kept" if self.gen_done else \
             "no generation is kept"
-        if stop or self.failures >= self.max_failures:
+        if stop or fatal or self.failures >= self.max_failures:
             why = ("the job was stopping" if stop else
+                   "the write failed inside HDF5, which cannot be trusted to write again"
+                   if fatal else
                    f"{self.failures} generations in a row failed (checkpoint_max_failures)")
             _say(f"hpcrl: error: checkpoint generation {gen} not written ({error}); {why}: "
                  f"the run stops as failed with status 3, not requeued ({kept}; free space "

@@ -9,8 +9,15 @@ honour them carry one call each and no variable names:
 ``HPCRL_CKPT_FAIL_RANK=r``     rank r's checkpoint file writes fail with "no space left"
 ``HPCRL_CKPT_DELAY=r:s``       rank r takes s seconds longer to write its first checkpoint
                                file (``r:stop``: it stops itself there)
+``HPCRL_CKPT_CRASH_AT=r:step``  rank r kills itself (SIGKILL) at that step of its checkpoint
+                               write: closed, synced, renamed, dir-synced (its file), or
+                               manifest (rank 0, before pruning)
+``HPCRL_METRICS_FULL_FILE=F``   while file F exists, rank 0's metrics.h5 flushes fail with
+                               "no space left" (the test frees the disk by removing F)
 ``HPCRL_FREEZE_FINAL_RANK=r``  rank r stops itself (SIGSTOP, its watchdog too) as its final
                                evaluation begins
+``HPCRL_LEASE_NO_FLOCK``       the run-directory lease sees no ``flock`` (as on Lustre
+                               ``noflock`` or NFSv3 ``nolock``): only its lease file guards
 ``HPCRL_CHECKPOINT_ON_START``  rank 0 asks for a checkpoint generation as soon as it can
 ``HPCRL_PHASE_TIMES_DIR=D``    actor-learners and ps ranks append phase timings under D
                                (``python -m hpcrl.bench scaling`` sets it for its jobs)
@@ -67,8 +74,29 @@ def checkpoint_delay(rank: int) -> None:
         time.sleep(float(what))
 
 
+def checkpoint_crash(rank: int, step: str) -> None:
+    """Die here, as a node that crashes at this step of a checkpoint write does, if asked."""
+    if os.environ.get("HPCRL_CKPT_CRASH_AT") == f"{rank}:{step}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def metrics_flush_fails(path) -> None:
+    """Raise the OSError of a full disk for a metrics flush, while the test says the disk is
+    full (see the table)."""
+    flag = os.environ.get("HPCRL_METRICS_FULL_FILE")
+    if flag and os.path.exists(flag):
+        raise OSError(28, "No space left on device (injected)")
+
+
 def checkpoint_write_fails(rank: int) -> bool:
     return _rank_is("HPCRL_CKPT_FAIL_RANK", rank)
+
+
+def flock_disabled() -> bool:
+    """Simulate a file system without locks for the run-directory lease (see the table)."""
+    return bool(os.environ.get("HPCRL_LEASE_NO_FLOCK"))
 
 
 def checkpoint_on_start() -> bool:

@@ -18,6 +18,7 @@ is handed in by the command line. ps and replay ranks never import torch.
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +32,7 @@ from hpcrl.runtime import hooks, sizing, watchdog
 from hpcrl.runtime.client import run_client
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_FAILED, STOP_SIGNAL, Coordinator
-from hpcrl.runtime.exits import EXIT_CHECKPOINT, EXIT_REQUEUE
+from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CHECKPOINT, EXIT_REQUEUE
 from hpcrl.runtime.params.store import ParameterStore, StoreSpec, load_shard_state
 from hpcrl.runtime.provenance import provenance
 from hpcrl.runtime.ps import make_optimizer, run_ps, run_replay
@@ -116,11 +117,21 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
         force_new: bool = False, reset_metrics: bool = False) -> int:
     """Build and run this rank's role; returns the exit status."""
     run_dir, lease = prepare_run_dir(comm, cfg, force_new)
+    if lease is not None:
+        # Another job took the directory over (this one was frozen past run_dir_lease_s):
+        # stop at once, writing nothing more; that job carries the run.
+        lease.on_lost = lambda: _abort_soon(comm, EXIT_BUSY)
     try:
-        return _run_in(comm, cfg, layout, make_worker, run_dir, reset_metrics)
+        return _run_in(comm, cfg, layout, make_worker, run_dir, reset_metrics,
+                       lease.check if lease is not None else None)
     finally:                  # a one-line refusal leaves the run directory as it was found
         if lease is not None:
             lease.release()
+
+
+def _abort_soon(comm: MPI.Comm, status: int) -> None:
+    time.sleep(0.5)                 # let the launcher forward the report before Abort kills us
+    comm.Abort(status)
 
 
 def announce_start(found: tuple[int, dict] | None, layout: Layout) -> None:
@@ -137,8 +148,9 @@ def announce_start(found: tuple[int, dict] | None, layout: Layout) -> None:
 
 
 def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
-            run_dir: Path, reset_metrics: bool) -> int:
-    """Everything after the run directory is leased (see :func:`run`)."""
+            run_dir: Path, reset_metrics: bool, guard=None) -> int:
+    """Everything after the run directory is leased (see :func:`run`). ``guard``: rank 0's
+    lease check, called before anything replaces or deletes files of the run."""
     rank = comm.Get_rank()
     role = layout.roles[rank]
     mcomm, rcomm = comm.Dup(), comm.Dup()
@@ -151,7 +163,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     theta0, tensor_sizes = initial_network(cfg) if rank == first_client else (None, None)
     tensor_sizes = comm.bcast(tensor_sizes, root=first_client)
     n_params = sum(tensor_sizes)
-    found = find_resume(comm, run_dir, layout, n_params)
+    found, highest_gen = find_resume(comm, run_dir, layout, n_params)
     check_metrics(comm, run_dir, found, reset_metrics)
     if rank == 0:
         announce_start(found, layout)
@@ -174,11 +186,11 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     info = dict(roles=layout.role_names(), world_size=layout.world_size,
                 n_params=n_params, algo=cfg.algo, game=cfg.game, seed=cfg.seed,
                 hpcrl_version=__version__, provenance=origin)
-    coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=gen,
+    coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=max(gen, highest_gen),
                         every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
                         info=info, stall_s=STALL_SHARE * cfg.watchdog_s,
                         startup_s=STARTUP_WATCHDOG_SHARE * cfg.watchdog_s,
-                        max_failures=cfg.checkpoint_max_failures,
+                        max_failures=cfg.checkpoint_max_failures, guard=guard,
                         write_bound_s=sizing.checkpoint_bound_s(
                             generation_bytes, cfg.watchdog_s, cfg.checkpoint_min_mb_per_s))
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,

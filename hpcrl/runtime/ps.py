@@ -63,6 +63,8 @@ def run_ps(ctx: Context) -> None:
     if reporter:
         ctx.coord.not_arrived = reporter.not_arrived
         ctx.coord.still_starting = reporter.still_starting
+        reporter.guard = ctx.coord.guard
+        reporter.request_failed_stop = lambda: ctx.coord.request(STOP_FAILED)
     on_tick = _rank0_tick(ctx, reporter) if reporter else None
     times = hooks.phase_times_dir()
     if times is not None:

@@ -16,6 +16,7 @@ from hpcrl.version import __version__
 from hpcrl.config import Config, to_toml
 from hpcrl.core import STATS_FIELDS
 from hpcrl.io.metrics import MetricsWriter
+from hpcrl.runtime import hooks
 from hpcrl.runtime import watchdog
 from hpcrl.runtime.context import EPISODE_FIELDS, EPISODE_GROUPS, ROW_FLOATS, TAG_CKPT, \
     TAG_EPISODE, TAG_FINAL, TAG_STARTED, TAG_STATS
@@ -100,6 +101,13 @@ class Reporter:
         self.marked: set[int] = set()          # clients whose checkpoint marker arrived
         self.heard = {r: time.monotonic() for r in self.clients}   # last message of each
         self.started: set[int] = set()         # clients that have built their workers
+        #: the run directory's lease check (LeaseLost: another job holds it), before flushes
+        self.guard = None
+        #: metrics.h5 flushes that failed in a row (a full disk, a quota), the last error, how
+        #: many end the run, and the call that stops it (a checkpoint, then status 3)
+        self.flush_failures, self.flush_error = 0, ""
+        self.max_flush_failures = cfg.checkpoint_max_failures
+        self.request_failed_stop = None
 
     def drain(self) -> None:
         status = MPI.Status()
@@ -150,7 +158,7 @@ class Reporter:
                            dropped_outlier=int(s["dropped_outlier"]),
                            dropped_nonfinite=c["dropped_nonfinite"] + int(s["dropped_nonfinite"]),
                            frames_per_second=fps)      # wall_time: the file's clock
-        self.writer.flush()
+        self.flush()
         recent = np.mean(self.returns[-20:]) if self.returns else float("nan")
         evals = (f"eval(last 20) {np.mean(self.eval_returns[-20:]):8.2f} | "
                  if self.eval_returns else "")
@@ -175,7 +183,45 @@ class Reporter:
             time.sleep(1e-4)
         self.markers = 0
         self.marked.clear()
-        self.writer.flush()
+        return None if self.flush(counted=False) else f"metrics.h5: {self.flush_error}"
+
+    def flush(self, counted: bool = True) -> bool:
+        """Write the buffered rows to metrics.h5; whether that worked. A failed flush (a full
+        disk, a quota) keeps every row buffered for the next one and prints a warning; after
+        ``checkpoint_max_failures`` failures in a row the run is stopped as failed, with a
+        checkpoint (whose own flush must succeed for it to count: a resume then neither loses
+        nor repeats rows). A checkpoint's flush is not ``counted``: its failure fails the
+        generation, which the checkpoint's own count reports."""
+        if self.guard is not None:
+            self.guard()
+        try:
+            hooks.metrics_flush_fails(self.writer.path)
+            self.writer.flush()
+        except OSError as exc:
+            self.flush_error = exc.strerror or str(exc)
+            if not counted:
+                return False
+            self.flush_failures += 1
+            if self.writer.broken is not None:        # failed inside HDF5: no retry helps
+                self.flush_failures = max(self.flush_failures, self.max_flush_failures)
+            if self.flush_failures == self.max_flush_failures and self.request_failed_stop:
+                times = ("" if self.writer.broken is not None else
+                         f" {self.flush_failures} times in a row")
+                print(f"hpcrl: error: metrics.h5 could not be written{times} "
+                      f"({self.flush_error}); the run stops as failed with "
+                      "status 3 after a checkpoint, not requeued (free space or raise the "
+                      "quota, then run the same command to resume)", flush=True)
+                self.request_failed_stop()
+            elif self.flush_failures < self.max_flush_failures:
+                print(f"hpcrl: warning: metrics.h5 not written ({self.flush_error}); its rows "
+                      f"are kept in memory and written at the next flush ({self.flush_failures} "
+                      f"of {self.max_flush_failures} failures in a row)", flush=True)
+            return False
+        if self.flush_failures:
+            print(f"[hpcrl] metrics.h5 written again after {self.flush_failures} failed "
+                  "flushes; no row lost", flush=True)
+            self.flush_failures = 0
+        return True
 
     def still_starting(self) -> bool:
         """Whether a client that has not arrived at the checkpoint is still building its
@@ -207,13 +253,13 @@ class Reporter:
             silent = [r for r in ranks if r not in self.final_done
                       and now - self.heard[r] > stall_s]
             if silent:
-                self.writer.flush()
+                self.flush()
                 host = (lambda r: self.hosts[r]) if self.hosts else (lambda r: "?")
                 raise RuntimeError("final evaluation: no word from " + "; ".join(
                     f"rank {r} ({self.roles[r]}) on host {host(r)} for "
                     f"{now - self.heard[r]:.0f} s" for r in silent))
             time.sleep(1e-3)
-        self.writer.flush()
+        self.flush()
         print(f"[hpcrl] {final_summary(self.final_rows, time.monotonic() - t0)}", flush=True)
 
     def finish(self, status: str = "finished") -> None:
@@ -221,4 +267,8 @@ class Reporter:
         self.report(time.monotonic())
         if self.tty:
             print(flush=True)
-        self.writer.close(status)
+        try:
+            self.writer.close(status)
+        except OSError as exc:
+            print(f"hpcrl: error: metrics.h5 could not be closed ({exc.strerror or exc}); a "
+                  "resume continues it from the newest checkpoint", flush=True)

@@ -47,7 +47,7 @@ def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False
     """Rank 0 checks, creates and leases the run directory; all ranks learn the outcome.
 
     The lease (:mod:`hpcrl.runtime.lease`) comes first: a directory another live job holds is
-    refused before anything in it is read or moved. A directory that holds a different run
+    refused (:class:`RunDirBusy` on every rank) before anything in it is read or moved. A directory that holds a different run
     (see IDENTITY_FIELDS) is refused unless ``force_new``, which moves it aside to
     ``<dir>.old-<unix time>`` (never deletes it).
 
@@ -55,11 +55,14 @@ def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False
         The run directory, and on rank 0 the lease it holds until the job ends (else None).
     """
     run_dir = cfg.resolved_run_dir()
-    error, lease = None, None
+    error, busy, lease = None, False, None
+    # A requeue may start while its previous start is still being cleaned up (a node that
+    # failed keeps its lock until the lock manager evicts it): it retries a busy directory.
+    retry_s = 2 * cfg.run_dir_lease_s if _slurm_restart_count() > 0 else 0.0
     if comm.Get_rank() == 0:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            lease = RunDirLease.acquire(run_dir, cfg.run_dir_lease_s)
+            lease = RunDirLease.acquire(run_dir, cfg.run_dir_lease_s, retry_s=retry_s)
             mismatch = _owner_mismatch(run_dir, cfg)
             if mismatch and not force_new:
                 error = (f"run directory {run_dir} belongs to another run: {mismatch}; choose "
@@ -69,21 +72,29 @@ def prepare_run_dir(comm: MPI.Comm, cfg: Config, force_new: bool = False
                     lease.release()
                     os.replace(run_dir, run_dir.with_name(f"{run_dir.name}.old-{int(time.time())}"))
                     run_dir.mkdir(parents=True, exist_ok=True)
-                    lease = RunDirLease.acquire(run_dir, cfg.run_dir_lease_s)
+                    lease = RunDirLease.acquire(run_dir, cfg.run_dir_lease_s, retry_s=retry_s)
                 probe = run_dir / ".hpcrl-write-probe"
                 probe.write_text("")
                 probe.unlink()
         except RunDirBusy as exc:
-            error = str(exc)
+            error, busy = str(exc), True
         except OSError as exc:
             error = f"run directory {run_dir} is not usable: {exc.strerror or exc}"
         if error and lease is not None:
             lease.release()
             lease = None
-    error = comm.bcast(error, root=0)
+    error, busy = comm.bcast((error, busy), root=0)
     if error:
-        raise ConfigError(error)
+        raise (RunDirBusy if busy else ConfigError)(error)
     return run_dir, lease
+
+
+def _slurm_restart_count() -> int:
+    """How many times SLURM requeued this job (0 outside SLURM or on its first start)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:
@@ -93,10 +104,13 @@ def write_config(run_dir: Path, cfg: Config) -> None:
 
 def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
     """Rank 0 picks the newest complete checkpoint generation and checks that this job can
-    continue it; every rank gets (generation, manifest) or None, or the same ConfigError."""
-    found, error = None, None
+    continue it; every rank gets ((generation, manifest) or None, the highest generation number
+    on disk), or the same ConfigError. New generations are numbered above every directory on
+    disk, so a damaged or partial generation that was skipped is never written into again."""
+    found, error, highest = None, None, 0
     if comm.Get_rank() == 0:
         root = run_dir / "checkpoints"
+        highest = max(ck.generations(root), default=0)
         found = ck.latest_complete(root, warn=lambda m: print(m, flush=True))
         damaged = [g for g in ck.generations(root) if (ck.gen_dir(root, g) / ck.MANIFEST).exists()]
         if found is None and damaged:
@@ -111,10 +125,10 @@ def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
             elif manifest.get("n_params") != n_params:
                 error = (f"checkpoint generation {gen} has {manifest.get('n_params')} network "
                          f"parameters, this network has {n_params}")
-    found, error = comm.bcast((found, error), root=0)
+    found, error, highest = comm.bcast((found, error, highest), root=0)
     if error:
         raise ConfigError(error)
-    return found
+    return found, highest
 
 
 def check_metrics(comm: MPI.Comm, run_dir: Path, found, reset_metrics: bool = False) -> None:

@@ -495,7 +495,8 @@ class ShardServer:
 
         ``on_tick`` (rank 0's metrics gathering) runs at most every ``tick_s`` seconds, busy or
         not. With a coordinator, a due checkpoint keeps this loop applying gradients until every
-        client is ready, then runs ``before_write`` and writes this shard's state.
+        client is ready, then runs ``before_write`` (which may return an error that fails the
+        generation: rank 0's metrics flush) and writes this shard's state.
         """
         last_tick = 0.0
         while True:
@@ -508,9 +509,8 @@ class ShardServer:
                     if not self.poll():
                         time.sleep(idle_sleep_s / 4)
                 self.poll()
-                if before_write is not None:
-                    before_write()
-                stop = coord.write(self.get_state)
+                error = before_write() if before_write is not None else None
+                stop = coord.write(self.get_state, local_error=error)
                 if stop:
                     return stop
                 continue
