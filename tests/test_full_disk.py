@@ -16,7 +16,7 @@ import pytest
 
 from hpcrl.io import checkpoint as ck
 from hpcrl.io.metrics import read_metrics
-from tests.util import ROOT, fill_disk, mount_small_tmpfs, mpiexec_path, signal_tree, unmount
+from tests.util import ROOT, fill_disk, mpiexec_path, signal_tree, small_tmpfs
 
 pytestmark = pytest.mark.mpi
 
@@ -114,11 +114,7 @@ def test_a_real_full_disk_stops_the_run_and_a_restart_resumes(tmp_path, log_ever
     the periodic checkpoints (every 1.2 s) do; either way the job stops with status 3, the
     newest complete generation verifies, and after the filler is removed the same command
     resumes from it."""
-    disk = tmp_path / "disk"
-    why = mount_small_tmpfs(disk, 64)
-    if why:
-        pytest.skip(why)
-    try:
+    with small_tmpfs(tmp_path / "disk", 64) as disk:
         run_dir = disk / "run"
         job, log = _start(tmp_path, run_dir, log_every_s=log_every_s)
         _wait_for_generation(job, run_dir)
@@ -130,5 +126,3 @@ def test_a_real_full_disk_stops_the_run_and_a_restart_resumes(tmp_path, log_ever
         assert ck.latest_complete(run_dir / "checkpoints") is not None
         filler.unlink()
         _resume_and_check(tmp_path, run_dir)
-    finally:
-        unmount(disk)

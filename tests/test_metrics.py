@@ -333,13 +333,9 @@ def test_a_real_full_disk_keeps_rows_until_a_flush_succeeds(tmp_path):
     """metrics.h5 on a 4 MB tmpfs that fills up: the flush raises ENOSPC before HDF5 writes
     anything, every buffered row is kept, and once space is freed one flush writes them all,
     once each."""
-    from tests.util import fill_disk, mount_small_tmpfs, unmount
+    from tests.util import fill_disk, small_tmpfs
 
-    disk = tmp_path / "disk"
-    why = mount_small_tmpfs(disk, 4)
-    if why:
-        pytest.skip(why)
-    try:
+    with small_tmpfs(tmp_path / "disk", 4) as disk:
         path = disk / "metrics.h5"
         w = MetricsWriter(path, ATTRS, resume=False)
         w.append("train", **_train_row(1))
@@ -361,8 +357,6 @@ def test_a_real_full_disk_keeps_rows_until_a_flush_succeeds(tmp_path):
         np.testing.assert_array_equal(data["episodes"]["frames"], frames)
         np.testing.assert_array_equal(data["train"]["frames"], [1, n + 2])
         assert data["status"] == "finished"
-    finally:
-        unmount(disk)
 
 
 _QUOTA_WRITER = """
@@ -400,14 +394,9 @@ def test_a_write_that_fails_inside_hdf5_stops_writing_and_a_resume_continues(tmp
     undefined), and a resume reads the committed rows back and continues the file."""
     import os
 
-    from tests.util import ROOT, fill_disk, mount_small_tmpfs, unmount
+    from tests.util import ROOT, small_tmpfs
 
-    del fill_disk
-    disk = tmp_path / "disk"
-    why = mount_small_tmpfs(disk, 4)
-    if why:
-        pytest.skip(why)
-    try:
+    with small_tmpfs(tmp_path / "disk", 4) as disk:
         path = disk / "metrics.h5"
         proc = subprocess.run([sys.executable, "-c", _QUOTA_WRITER, str(path)],
                               capture_output=True, text=True, timeout=60,
@@ -423,5 +412,3 @@ def test_a_write_that_fails_inside_hdf5_stops_writing_and_a_resume_continues(tmp
         data = read_metrics(path)
         np.testing.assert_array_equal(data["train"]["frames"], [1, 7])
         assert data["episodes"]["frames"].size == 0
-    finally:
-        unmount(disk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -135,21 +136,23 @@ def rank_pid(launcher_pid: int, rank: int) -> int:
     raise LookupError(f"no rank {rank} under pid {launcher_pid}")
 
 
-def mount_small_tmpfs(path: Path, size_mb: int) -> str | None:
-    """Mount a tmpfs of ``size_mb`` at ``path`` (a real small disk that fills up); the reason
-    it cannot be done here (not root, no mount permission in a container), or None."""
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size_mb: int):
+    """A tmpfs of ``size_mb`` mounted at ``path`` for the block (a real small disk that fills
+    up); the test is skipped, with the reason, where it cannot be mounted (not root, no mount
+    permission in a container)."""
+    import pytest
+
     path.mkdir(parents=True, exist_ok=True)
-    if shutil.which("mount") is None:
-        return "no mount command"
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        return f"cannot mount a tmpfs here ({proc.stderr.strip()[:200] or proc.returncode})"
-    return None
-
-
-def unmount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+                          capture_output=True, text=True) if shutil.which("mount") else None
+    if proc is None or proc.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (" + (proc.stderr.strip()[:200] if proc else
+                                                     "no mount command") + ")")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def fill_disk(path: Path) -> Path:
