@@ -184,6 +184,12 @@ class Config:
                                       "checkpoint generations in a row failed to be written "
                                       "(disk full, quota); a failed stop checkpoint stops it "
                                       "at once", lo=1)
+    checkpoint_quota_check: bool = _f(True, "ask the quota tool (lfs quota on Lustre, quota "
+                                      "elsewhere, where installed) how much the run "
+                                      "directory's user, group or project quota still allows, "
+                                      "in the pre-flight and before each checkpoint "
+                                      "generation; a generation that would not fit is not "
+                                      "started (it counts as a failed one)")
     watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
     checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
                                         "ranks) a checkpoint generation may take before it "

@@ -96,8 +96,9 @@ def test_metrics_flushes_that_keep_failing_stop_the_run_as_failed(tmp_path):
     text = log.read_text()
     assert text.count("hpcrl: warning: metrics.h5 not written (No space left on device "
                       "(injected)); its rows are kept in memory") == 2, text[-3000:]
-    assert text.count("hpcrl: error: metrics.h5 could not be written 3 times in a row") == 1
-    assert "(rank 0: metrics.h5: No space left on device (injected)); the job was stopping" \
+    assert text.count("hpcrl: error: ") == 1, text[-3000:]                  # one line
+    assert "hpcrl: error: metrics.h5 could not be written 3 times in a row" in text
+    assert "not written (rank 0: metrics.h5: No space left on device (injected)); generation " \
         in text
     assert ck.latest_complete(run_dir / "checkpoints") is not None
     full.unlink()
@@ -123,6 +124,54 @@ def test_a_real_full_disk_stops_the_run_and_a_restart_resumes(tmp_path, log_ever
         text = log.read_text()
         assert "Traceback" not in text, text[-3000:]
         assert first in text and "the run stops as failed with status 3" in text, text[-3000:]
+        assert text.count("hpcrl: error: ") == 1, text[-3000:]
         assert ck.latest_complete(run_dir / "checkpoints") is not None
         filler.unlink()
         _resume_and_check(tmp_path, run_dir)
+
+
+def test_a_quota_that_runs_out_stops_the_run_before_a_write_fails(tmp_path):
+    """A user quota (reported by a stand-in ``quota`` tool, see tests/test_quota.py) that the
+    run directory outgrows: the next generations are not started ("Disk quota exceeded ...
+    left under the user quota"), the third such failure stops the job with status 3 and no
+    traceback, and once the quota is raised the same command resumes from the newest
+    generation."""
+    from tests.test_quota import stand_in_quota
+
+    run_dir, limit = tmp_path / "run", tmp_path / "limit"
+    run_dir.mkdir()
+    limit.write_text("100000000")
+    stand_in_quota(tmp_path / "bin", limit, run_dir)
+    path = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    job, log = _start(tmp_path, run_dir, log_every_s="600", **path)
+    _wait_for_generation(job, run_dir)
+    limit.write_text("1")
+    assert _wait(job) == 3, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    refused = (f"not written (rank 0: Disk quota exceeded: 0.0 MB left under the user quota of "
+               f"uid {os.getuid()} (quota), ")
+    assert text.count(refused) == 3 and text.count("hpcrl: error: ") == 1, text[-3000:]
+    assert "3 generations in a row failed (checkpoint_max_failures): the run stops as failed " \
+           "with status 3" in text
+    assert ck.latest_complete(run_dir / "checkpoints") is not None
+    limit.write_text("100000000")
+    _resume_and_check(tmp_path, run_dir, path)
+
+
+def test_a_quota_too_small_for_the_checkpoints_is_refused_at_the_start(tmp_path):
+    """The pre-flight weighs the checkpoint generations against the quota's headroom where it
+    is smaller than the free space: one line, status 2, nothing written."""
+    from tests.test_quota import stand_in_quota
+
+    run_dir, limit = tmp_path / "run", tmp_path / "limit"
+    run_dir.mkdir()
+    limit.write_text("1")
+    stand_in_quota(tmp_path / "bin", limit, run_dir)
+    proc = subprocess.run(_cmd(run_dir, "total_frames=3000"), cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=_env(
+                              PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (f"which has 0.0 GB left under the user quota of uid {os.getuid()} (quota): --set "
+            "checkpoint_keep=1") in proc.stderr, proc.stderr[-2000:]
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())

@@ -14,7 +14,7 @@ import pytest
 from hpcrl.runtime import lease as lease_mod
 from hpcrl.runtime.lease import LEASE_NAME, LOCK_NAME, LeaseLost, RunDirBusy, RunDirLease, \
     describe, plan, read_lease
-from tests.util import ROOT, mpiexec_path, signal_tree
+from tests.util import ROOT, mpiexec_path, signal_tree, stop_signal
 
 ME = dict(host="c001", pid=100, slurm_job="77", slurm_array=None, slurm_restart=0,
           token="me", beat=0, heartbeat_s=10.0, started=0.0, heartbeat=1000.0)
@@ -432,7 +432,7 @@ def test_frozen_job_taken_over_on_a_file_system_without_locks(tmp_path):
         assert a_log.count("no longer holds it") == 1, a_log
         assert b.poll() is None                          # B goes on
         time.sleep(2.0)
-        signal_tree(b.pid, signal.SIGTERM)
+        b.send_signal(stop_signal())                     # the launcher forwards it to B's ranks
         assert b.wait(timeout=60) == 85
     finally:
         for p in (a, b):

@@ -43,12 +43,27 @@ def test_paper_layout_replay_is_the_issue():
 def test_refusals_carry_the_arithmetic(tmp_path):
     cfg = load_config(ROOT / "configs/gorila_cartpole.toml", ["replay_capacity=1000"])
     t = sizing.summary(cfg, make_layout(4, cfg), (4,), 17_410, ["n1"] * 4)
-    assert sizing.check(cfg, t, tmp_path, {"n1": (1e12, "MemAvailable")}, 1e12) is None
-    line = sizing.check(cfg, t, tmp_path, {"n1": (0.5e9, "SLURM_MEM_PER_NODE")}, 1e12)
+    free = (1e12, "free")
+    assert sizing.check(cfg, t, tmp_path, {"n1": (1e12, "MemAvailable")}, free) is None
+    line = sizing.check(cfg, t, tmp_path, {"n1": (0.5e9, "SLURM_MEM_PER_NODE")}, free)
     assert line.startswith("the job needs 0.7 GB of memory on n1 (process 0.68 GB + windows")
     assert "SLURM_MEM_PER_NODE allows 0.5 GB: lower replay_capacity" in line
-    line = sizing.check(cfg, t, tmp_path, {"n1": None}, 1000.0)
+    line = sizing.check(cfg, t, tmp_path, {"n1": None}, (1000.0, "free"))
     assert "checkpoint_keep 2 + 1 generations x 0.00 GB" in line and "--set checkpoint_keep=1" in line
+    assert "which has 0.0 GB free:" in line
+
+
+def test_the_quota_bounds_the_disk_where_it_is_smaller(tmp_path):
+    """The file system's free space or the quota's headroom, whichever is smaller, plus the
+    bytes of the generations already on disk (pruned as new ones come)."""
+    (tmp_path / "checkpoints" / "gen-000001").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "gen-000001" / "rank-0.h5").write_bytes(b"x" * 5000)
+    quota = (1e6, "the user quota of uid 7 (quota)")
+    assert sizing.free_disk_bytes(tmp_path, quota) == (1e6 + 5000,
+                                                       "left under the user quota of uid 7 (quota)")
+    fs_free = float(shutil.disk_usage(tmp_path).free)       # other writers move it a little
+    for found in (sizing.free_disk_bytes(tmp_path), sizing.free_disk_bytes(tmp_path, (1e18, "q"))):
+        assert found[1] == "free" and found[0] == pytest.approx(fs_free, rel=1e-3)
 
 
 def test_memory_available_reads_slurm_first(monkeypatch):

@@ -25,6 +25,8 @@ exploration state on the clients.
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import signal
 import sys
@@ -34,6 +36,8 @@ from pathlib import Path
 from mpi4py import MPI
 
 from hpcrl.io import checkpoint as ck
+from hpcrl.io.files import HDF5_SLACK_BYTES
+from hpcrl.io.quota import quota_headroom
 from hpcrl.runtime import early_signals, hooks, watchdog
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.store import NonFiniteState, ParameterStore
@@ -59,8 +63,11 @@ class Coordinator:
     def __init__(self, comm: MPI.Comm, store: ParameterStore, root: Path, *, gen_done: int,
                  every_s: float, keep: int, info: dict, stall_s: float = 0.0,
                  write_bound_s: float = 600.0, startup_s: float = 0.0,
-                 max_failures: int = 3, guard=None):
+                 max_failures: int = 3, guard=None, quota_bytes: float = 0.0):
         self.comm, self.store, self.root = comm.Dup(), store, Path(root)
+        #: bytes of one generation, checked against the run directory's quota (where a quota
+        #: tool reports one) before each generation is written; 0 = no check
+        self.quota_bytes = quota_bytes
         #: seconds one generation may take to be written and gathered on every rank
         #: (:func:`hpcrl.runtime.sizing.checkpoint_bound_s`); the watchdog waits as long
         self.write_bound_s = write_bound_s
@@ -164,10 +171,13 @@ class Coordinator:
         # generation of hundreds of GB on a shared file system): the phase has its own bound,
         # and rank 0 names the ranks that did not finish within it.
         with watchdog.allow(self.write_bound_s):
+            refusal = self._quota_refusal(gen) if self.quota_bytes else None
             try:
                 hooks.checkpoint_delay(self.rank)
                 if local_error:
                     raise OSError(local_error)
+                if refusal:
+                    raise OSError(errno.EDQUOT, refusal)
                 if hooks.checkpoint_write_fails(self.rank):
                     raise OSError(28, "No space left on device (injected)")
                 entry, error = (ck.write_state(ck.rank_file(self.root, gen, self.rank),
@@ -193,6 +203,22 @@ class Coordinator:
         if self.next_time is not None:      # the period counts from the end of a slow write
             self.next_time = max(self.next_time, time.monotonic() + self.every_s)
         return stop
+
+    def _quota_refusal(self, gen: int) -> str | None:
+        """Collective: rank 0 asks the quota tool whether generation ``gen`` fits under the
+        run directory's quota; every rank gets the same answer (a reason, or None). A
+        generation that does not fit is not started: a write that runs into a quota fails
+        inside HDF5, after which the run must stop, where this refusal is one failed
+        generation of ``checkpoint_max_failures``. The older generations still count: they
+        are pruned only after the new one is published."""
+        refusal = None
+        if self.rank == 0:
+            found = quota_headroom(self.root)
+            need = self.quota_bytes * 1.05 + HDF5_SLACK_BYTES * self.comm.Get_size()
+            if found is not None and found[0] < need:
+                refusal = (f"{os.strerror(errno.EDQUOT)}: {found[0] / 1e6:.1f} MB left under "
+                           f"{found[1]}, {need / 1e6:.1f} MB needed for generation {gen}")
+        return self.comm.bcast(refusal, root=0)
 
     def _gather_entries(self, gen: int, mine: tuple, t0: float) -> list:
         """Rank 0: every rank's (file entry, error), in rank order, as each arrives; a rank
@@ -272,6 +298,9 @@ class Coordinator:
         row."""
         kept = f"generation {self.gen_done} is the newest kept" if self.gen_done else \
             "no generation is kept"
+        if stop == STOP_FAILED:         # whoever asked for this stop printed its error line
+            _say(f"hpcrl: warning: checkpoint generation {gen} not written ({error}); {kept}")
+            return STOP_FAILED
         if stop or fatal or self.failures >= self.max_failures:
             why = ("the job was stopping" if stop else
                    "the write failed inside HDF5, which cannot be trusted to write again"

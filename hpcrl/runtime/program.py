@@ -28,6 +28,7 @@ from mpi4py import MPI
 from hpcrl.version import __version__
 from hpcrl.config import Config, ConfigError
 from hpcrl.core import Worker
+from hpcrl.io.quota import quota_headroom
 from hpcrl.runtime import hooks, sizing, watchdog
 from hpcrl.runtime.client import run_client
 from hpcrl.runtime.context import Context
@@ -100,8 +101,9 @@ def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_para
         for line in sizing.describe(totals):
             print(f"[hpcrl] {line}", flush=True)
         if cfg.preflight:
+            quota = quota_headroom(run_dir) if cfg.checkpoint_quota_check else None
             error = sizing.check(cfg, totals, run_dir, dict(gathered),
-                                 sizing.free_disk_bytes(run_dir))
+                                 sizing.free_disk_bytes(run_dir, quota))
     error, generation_bytes = comm.bcast((error, generation_bytes), root=0)
     if error:
         raise ConfigError(error)
@@ -192,7 +194,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
                         startup_s=STARTUP_WATCHDOG_SHARE * cfg.watchdog_s,
                         max_failures=cfg.checkpoint_max_failures, guard=guard,
                         write_bound_s=sizing.checkpoint_bound_s(
-                            generation_bytes, cfg.watchdog_s, cfg.checkpoint_min_mb_per_s))
+                            generation_bytes, cfg.watchdog_s, cfg.checkpoint_min_mb_per_s),
+                        quota_bytes=generation_bytes if cfg.checkpoint_quota_check else 0.0)
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
                   manifest["frames"] if manifest else None, opt, hosts, origin)
     watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))

@@ -269,6 +269,7 @@ class Reporter:
             print(flush=True)
         try:
             self.writer.close(status)
-        except OSError as exc:
-            print(f"hpcrl: error: metrics.h5 could not be closed ({exc.strerror or exc}); a "
+        except OSError as exc:           # a run stopping as failed said so already
+            level = "warning" if status == "failed" else "error"
+            print(f"hpcrl: {level}: metrics.h5 could not be closed ({exc.strerror or exc}); a "
                   "resume continues it from the newest checkpoint", flush=True)

@@ -156,7 +156,8 @@ def memory_available() -> tuple[float, str] | None:
 
 
 def check(cfg: Config, totals: dict, run_dir: Path,
-          available: dict[str, tuple[float, str] | None], free_disk: float | None) -> str | None:
+          available: dict[str, tuple[float, str] | None],
+          free_disk: tuple[float, str] | None) -> str | None:
     """The one-line refusal, or None when the job fits: each host's memory against what that
     host allows (``available``, from :func:`memory_available` on that host), the checkpoint
     generations against ``free_disk`` (:func:`free_disk_bytes`)."""
@@ -169,20 +170,25 @@ def check(cfg: Config, totals: dict, run_dir: Path,
                     f"{avail[1]} allows {avail[0] / GB:.1f} GB: lower replay_capacity "
                     "(--set replay_capacity=N), use fewer ranks per node, or --set "
                     "preflight=false to start anyway")
-    if free_disk is not None and totals["disk_bytes"] > free_disk:
+    if free_disk is not None and totals["disk_bytes"] > free_disk[0]:
         return (f"the checkpoints need {totals['disk_bytes'] / GB:.1f} GB "
                 f"(checkpoint_keep {cfg.checkpoint_keep} + 1 generations x "
                 f"{totals['generation_bytes'] / GB:.2f} GB) in {run_dir}, which has "
-                f"{free_disk / GB:.1f} GB free: --set checkpoint_keep=1, --set "
+                f"{free_disk[0] / GB:.1f} GB {free_disk[1]}: --set checkpoint_keep=1, --set "
                 "checkpoint_replay=false, another run_dir, or --set preflight=false")
     return None
 
 
-def free_disk_bytes(run_dir: Path) -> float:
-    """Free bytes for the run's checkpoints: the file system's free space plus what the
-    existing generations hold (they are pruned as new ones are written)."""
-    free = float(shutil.disk_usage(run_dir).free)
+def free_disk_bytes(run_dir: Path, quota: tuple[float, str] | None = None
+                    ) -> tuple[float, str]:
+    """``(bytes, what they are)`` for the run's checkpoints: the file system's free space, or
+    the quota's headroom where that is smaller (``quota``, from
+    :func:`hpcrl.io.quota.quota_headroom`), plus what the existing generations hold (they are
+    pruned as new ones are written)."""
+    free, what = float(shutil.disk_usage(run_dir).free), "free"
+    if quota is not None and quota[0] < free:
+        free, what = quota[0], f"left under {quota[1]}"
     root = run_dir / "checkpoints"
     if root.is_dir():
         free += sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-    return free
+    return free, what
