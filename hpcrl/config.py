@@ -45,7 +45,9 @@ class Config:
     # --- what to run -------------------------------------------------------------------------
     algo: str = _f("gorila", "algorithm: gorila | one_step_q | one_step_sarsa | n_step_q | a3c",
                    choices=ALGOS)
-    game: str = _f("pong", "ale-py ROM id (snake_case, e.g. space_invaders) or CartPole-v1 / Acrobot-v1")
+    game: str = _f("pong", "ale-py ROM id (snake_case, e.g. space_invaders), CartPole-v1 / "
+                   "Acrobot-v1, or a continuous-control task (HalfCheetah-v5, Pendulum-v1; "
+                   "algo a3c only)")
     seed: int = _f(0, "base seed; rank r uses seed + 1000 * r", lo=0)
     total_frames: int = _f(50_000_000, "training budget in env frames, summed over all actors", lo=1)
     run_dir: str = _f("results/{algo}/{game}/seed-{seed}",
@@ -147,7 +149,16 @@ class Config:
     grad_clip_norm: float = _f(40.0, "asynchronous methods: clip the gradient's global norm "
                                "(0 = off); Gorila does not clip (its outlier rule drops instead)",
                                lo=0.0)
-    lstm: bool = _f(False, "A3C: LSTM variant (256 cells after the fc layer)")
+    lstm: bool = _f(False, "A3C: LSTM variant (256 cells after the fc layer; 128 after the "
+                    "hidden layer of the Gaussian policy)")
+    gaussian_std: str = _f("softplus", "A3C on continuous actions: the policy's variance is "
+                           "a SoftPlus output of the network (the paper's) | state_independent "
+                           "(one learned log standard deviation per action dimension, as "
+                           "PPO/A2C implementations use)",
+                           choices=("softplus", "state_independent"))
+    gaussian_min_var: float = _f(1e-4, "A3C on continuous actions: added to the policy's "
+                                 "variance (not in the paper): a variance that collapses to 0 "
+                                 "makes log-densities infinite", lo=0.0)
     wait_own_update: float = _f(0.0, "asynchronous methods: after a push, wait up to this many "
                                 "seconds for the ps to apply it before pulling (0 = pull at once, "
                                 "Hogwild)", lo=0.0, hi=10.0)
@@ -267,6 +278,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _continuous(game: str) -> bool:
+    from hpcrl.games import continuous_id
+
+    return continuous_id(game) is not None
+
+
 def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.epsilon_end > cfg.epsilon_start:
         raise ConfigError(f"{origin}: key 'epsilon_end' ({cfg.epsilon_end}) must be <= "
@@ -289,6 +306,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.algo != "gorila" and cfg.target_update_unit == "updates":
         raise ConfigError(f"{origin}: key 'target_update_unit' = 'updates' applies to algo "
                           f"'gorila' only (the asynchronous methods count global agent steps)")
+    if cfg.algo != "a3c" and _continuous(cfg.game):
+        raise ConfigError(f"{origin}: game '{cfg.game}' has continuous actions, which only algo "
+                          f"'a3c' (a Gaussian policy) handles (got '{cfg.algo}')")
     if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
         raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "
                           f"replay_capacity ({cfg.replay_capacity})")

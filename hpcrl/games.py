@@ -43,6 +43,12 @@ GAME_SETS: dict[str, tuple[str, ...]] = {"gorila49": GORILA_49, "a3c57": A3C_57}
 
 # gymnasium classic-control tasks behind the same env interface (small MLP tests, CI).
 CLASSIC_CONTROL: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1")
+# gymnasium tasks with continuous actions (A3C with a Gaussian policy, Mnih et al. 2016, §5.3):
+# Pendulum needs nothing more; the MuJoCo tasks need the ``mujoco`` extra.
+CONTINUOUS_CONTROL: tuple[str, ...] = (
+    "Pendulum-v1", "MountainCarContinuous-v0", "InvertedPendulum-v5",
+    "InvertedDoublePendulum-v5", "Reacher-v5", "Swimmer-v5", "HalfCheetah-v5", "Hopper-v5",
+    "Walker2d-v5", "Ant-v5", "Humanoid-v5")
 
 LIST_HINT = "list valid ids with `python -m hpcrl.games --list` (Atari ids: ale_py.roms.get_all_rom_ids())"
 
@@ -98,12 +104,23 @@ def atari_rom_ids() -> list[str]:
 
 
 def all_game_ids() -> list[str]:
-    """Every id `hpcrl.envs.make_env` accepts in canonical form: ROM ids, then classic control."""
-    return atari_rom_ids() + list(CLASSIC_CONTROL)
+    """Every id `hpcrl.envs.make_env` accepts in canonical form: ROM ids, then classic and
+    continuous control."""
+    return atari_rom_ids() + list(CLASSIC_CONTROL) + list(CONTINUOUS_CONTROL)
 
 
 def _camel_to_snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def continuous_id(game: str) -> str | None:
+    """The gymnasium id of a continuous-control task (``halfcheetah`` -> ``HalfCheetah-v5``),
+    or None for any other name (no emulator is loaded to tell)."""
+    key = game.strip().lower()
+    for cc in CONTINUOUS_CONTROL:
+        if key in (cc.lower(), cc.split("-")[0].lower()):
+            return cc
+    return None
 
 
 def resolve_game_id(game: str) -> tuple[str, str]:
@@ -111,10 +128,11 @@ def resolve_game_id(game: str) -> tuple[str, str]:
 
     Accepts ale-py ROM ids (``space_invaders``), gymnasium Atari names (``SpaceInvaders``,
     ``ALE/SpaceInvaders-v5``, ``SpaceInvadersNoFrameskip-v4``) and the classic-control ids
-    (``CartPole-v1``, also ``cartpole``/``acrobot``).
+    (``CartPole-v1``, also ``cartpole``/``acrobot``) and the continuous-control ids
+    (``HalfCheetah-v5``, also ``halfcheetah``).
 
     Returns:
-        ``("atari", rom_id)`` or ``("classic", gymnasium_id)``.
+        ``("atari", rom_id)``, ``("classic", gymnasium_id)`` or ``("continuous", gymnasium_id)``.
 
     Raises:
         ValueError: unknown id, with a one-line message saying how to list the valid ones.
@@ -123,6 +141,8 @@ def resolve_game_id(game: str) -> tuple[str, str]:
     for cc in CLASSIC_CONTROL:
         if key.lower() in (cc.lower(), cc.split("-")[0].lower()):
             return "classic", cc
+    if continuous_id(key) is not None:
+        return "continuous", continuous_id(key)
     name = key.split("/")[-1]
     name = re.sub(r"(NoFrameskip|Deterministic)?-v\d+$", "", name)
     rom_ids = atari_rom_ids()

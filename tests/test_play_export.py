@@ -23,6 +23,8 @@ from tests.util import ROOT, run_mpi
 
 RUNS = {"a3c": "configs/a3c_cartpole.toml", "a3c_lstm": "configs/a3c_lstm_cartpole.toml",
         "n_step_q": "configs/n_step_q_cartpole.toml"}
+#: runs of the fixture that are not CartPole (the parametrised tests above take RUNS only)
+OTHER_RUNS = {"a3c_mujoco": "configs/a3c_mujoco.toml"}          # InvertedPendulum-v5
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def runs(tmp_path_factory):
     """One short run per kind of network (actor-critic, LSTM actor-critic, Q), each ending
     with its final checkpoint."""
     out = {}
-    for name, config in RUNS.items():
+    for name, config in {**RUNS, **OTHER_RUNS}.items():
         run = tmp_path_factory.mktemp(name) / "run"
         proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", config, "--set",
                               "total_frames=3000", "--set", f"run_dir={run}", "--set", "seed=5",
@@ -68,6 +70,30 @@ def test_exported_policy_acts_as_play_does_on_the_same_observations(runs, tmp_pa
         actions = [int(loaded.act(obs[None])[0]) for obs in ep.observations]
         loaded.episode_end(np.array([True]))
         assert actions == ep.actions and len(actions) == ep.agent_steps
+
+
+@pytest.mark.mpi
+def test_a_continuous_policy_exports_loads_and_plays_its_mean_action(runs, tmp_path, capsys):
+    """A3C's Gaussian policy on InvertedPendulum-v5: play and the exported file act with the
+    policy's mean, float actions [1, 1]; play's summary line comes out."""
+    run = runs["a3c_mujoco"]
+    policy = policy_from_run(run)
+    (episode,) = _played(policy, episodes=1)
+    weights, meta_path = export_torch(policy, tmp_path / "pendulum.pt")
+    meta = json.loads(meta_path.read_text())
+    assert (meta["game"], meta["obs_shape"], meta["num_actions"]) == ("InvertedPendulum-v5",
+                                                                     [4], 1)
+    assert meta["acting"].startswith("the mean of the Gaussian policy")
+    loaded = hpcrl.load_policy(weights)
+    first = episode.observations[0][None]
+    with torch.no_grad():
+        mean = policy.module(torch.from_numpy(first))[0][:, :1].numpy()
+    np.testing.assert_array_equal(loaded.act(first), mean)
+    assert loaded.act(first).dtype == np.float32 and loaded.act(first).shape == (1, 1)
+    for obs, action in zip(episode.observations, episode.actions):
+        assert loaded.act(obs[None])[0].tolist() == action
+    assert play.main([run.as_posix(), "--episodes", "2"]) == 0
+    assert "mean return" in capsys.readouterr().out
 
 
 @pytest.mark.mpi

@@ -1,4 +1,5 @@
-"""Checkpoint, stop and resume under real mpiexec (Gorila bundled and A3C on CartPole).
+"""Checkpoint, stop and resume under real mpiexec (Gorila bundled and A3C on CartPole, A3C's
+Gaussian policy on MuJoCo's InvertedPendulum).
 
 1. run with a large budget, send SIGTERM (SIGUSR1 under Open MPI) to mpiexec once some frames
    are done: every rank checkpoints, the job exits 85 (requeue me);
@@ -48,6 +49,8 @@ def states(root, gen):
 @pytest.mark.parametrize("config, extra", [
     ("gorila_cartpole", []), ("a3c_cartpole", []),
     ("a3c_cartpole", ["--set", "envs_per_actor=4"]),        # batched actor-learners
+    ("a3c_mujoco", ["--set", "game=InvertedPendulum-v5", "--set", "envs_per_actor=2",
+                    "--set", "eval_every_frames=0"]),     # float actions, MuJoCo's state
 ])
 def test_sigterm_checkpoint_resume_exact(config, extra, tmp_path):
     run_dir = tmp_path / "run"

@@ -114,7 +114,7 @@ SLURM_JOB_ID=42 HPCRL_REQUEUE=1 HPCRL_STOP_REQUESTED=0 HPCRL_FIRST_SIGNAL=
 trap 'hpcrl_on_signal USR1' USR1
 trap 'hpcrl_on_signal TERM' TERM
 echo ready
-hpcrl_run_forwarding bash -c "trap 'exit $1' USR1 TERM; sleep 30 & wait"
+hpcrl_run_forwarding bash -c "trap 'exit $1' USR1 TERM; sleep 30 >/dev/null 2>&1 & wait"
 rc=$?
 case "$rc" in
     85) hpcrl_requeue ;;

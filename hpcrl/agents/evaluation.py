@@ -3,8 +3,8 @@
 ``eval_episodes`` episodes with no reward clipping, no life-loss terminals, no-op starts and
 the episode cap. Q-networks act epsilon-greedily at ``eval_epsilon`` (0.05): the value
 methods' training episodes mix in exploration (up to epsilon 0.5 for the asynchronous ones),
-so they do not show what was learned. A3C samples from its policy, the LSTM state reset per
-episode.
+so they do not show what was learned. A3C samples from its softmax policy, the LSTM state
+reset per episode; on continuous actions it acts with the Gaussian policy's mean.
 
 Two kinds of evaluation, both played by the *evaluating ranks* (evaluator ranks where the
 layout has them, else every acting rank: :attr:`hpcrl.runtime.topology.Layout.evaluating_ranks`):
@@ -31,7 +31,8 @@ import torch
 from hpcrl.config import Config
 from hpcrl.core import Policy
 from hpcrl.envs import make_env_from_config
-from hpcrl.rl.acting import ActorCriticPolicy, FixedEpsilonPolicy
+from hpcrl.games import continuous_id
+from hpcrl.rl.acting import ActorCriticPolicy, FixedEpsilonPolicy, GaussianPolicy
 from hpcrl.runtime import watchdog
 from hpcrl.runtime.topology import even_share
 
@@ -52,7 +53,11 @@ def episode_quotas(episodes: int, num_envs: int) -> np.ndarray:
 
 def evaluation_policy(net: torch.nn.Module, cfg: Config, num_envs: int,
                       rng: np.random.Generator) -> Policy:
+    """A3C samples from its softmax policy and acts with the mean of a Gaussian one (the
+    paper's continuous-control evaluation); Q-networks act epsilon-greedily."""
     if cfg.algo == "a3c":
+        if continuous_id(cfg.game) is not None:
+            return GaussianPolicy(net, num_envs, rng, use_mean=True)
         return ActorCriticPolicy(net, num_envs, rng)
     return FixedEpsilonPolicy(net, cfg.eval_epsilon, rng)
 

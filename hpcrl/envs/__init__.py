@@ -1,4 +1,5 @@
-"""Batched environments: Atari (ale-py) and gymnasium classic control behind one interface.
+"""Batched environments: Atari (ale-py), gymnasium classic control and continuous control
+(MuJoCo) behind one interface.
 
 Atari preprocessing is the standard DQN one (Mnih et al. 2015, "Human-level control through
 deep reinforcement learning", Methods), also used by Gorila (Nair et al. 2015) and A3C
@@ -48,24 +49,28 @@ from typing import TYPE_CHECKING
 from hpcrl.envs.atari import AtariEnv, resize_84x84
 from hpcrl.envs.base import StepResult
 from hpcrl.envs.classic import ClassicControlEnv
+from hpcrl.envs.continuous import ContinuousControlEnv
 from hpcrl.games import resolve_game_id
 
 if TYPE_CHECKING:
     from hpcrl.config import Config
 
-__all__ = ["StepResult", "AtariEnv", "ClassicControlEnv", "make_env", "make_env_from_config",
+__all__ = ["StepResult", "AtariEnv", "ClassicControlEnv", "ContinuousControlEnv", "make_env",
+           "make_env_from_config",
            "env_spec", "resize_84x84"]
 
 
 def make_env(game: str, num_envs: int, seed: int, *, training: bool, frame_skip: int = 4,
              stack: int = 4, noop_max: int = 30, sticky_prob: float = 0.0,
              max_episode_frames: int = 108_000, clip_rewards: bool = True,
-             terminal_on_life_loss: bool = True) -> AtariEnv | ClassicControlEnv:
+             terminal_on_life_loss: bool = True
+             ) -> AtariEnv | ClassicControlEnv | ContinuousControlEnv:
     """Build N environments of one game with DQN preprocessing (see the module docstring).
 
     Args:
         game: ale-py ROM id (``pong``, ``space_invaders``; ``Pong`` and ``ALE/Pong-v5`` work
-            too) or a classic-control id (``CartPole-v1``, ``Acrobot-v1``).
+            too), a classic-control id (``CartPole-v1``, ``Acrobot-v1``) or a
+            continuous-control one (``HalfCheetah-v5``, ``Pendulum-v1``).
         num_envs: environments stepped together (one batched forward pass per step).
         seed: seeds every emulator, the no-op starts and sticky actions; different ranks
             should pass different seeds.
@@ -87,6 +92,10 @@ def make_env(game: str, num_envs: int, seed: int, *, training: bool, frame_skip:
     if kind == "classic":
         return ClassicControlEnv(game_id, num_envs, seed, training=training,
                                  max_episode_frames=max_episode_frames, clip_rewards=clip_rewards)
+    if kind == "continuous":
+        return ContinuousControlEnv(game_id, num_envs, seed, training=training,
+                                    max_episode_frames=max_episode_frames,
+                                    clip_rewards=clip_rewards)
     return AtariEnv(game_id, num_envs, seed, training=training, frame_skip=frame_skip, stack=stack,
                     noop_max=noop_max, sticky_prob=sticky_prob, max_episode_frames=max_episode_frames,
                     clip_rewards=clip_rewards, terminal_on_life_loss=terminal_on_life_loss)

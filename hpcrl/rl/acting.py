@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
+from hpcrl.rl.gaussian import mean_action, sample_gaussian
 from hpcrl.rl.networks import reset_lstm_state
 from hpcrl.rl.policies import LinearSchedule, epsilon_greedy, sample_final_epsilon, \
     sample_from_logits
@@ -129,3 +130,30 @@ class ActorCriticPolicy:
         if "h" in state:
             self.state = (torch.from_numpy(np.array(state["h"])),
                           torch.from_numpy(np.array(state["c"])))
+
+
+class GaussianPolicy(ActorCriticPolicy):
+    """Draws continuous actions from N(mu, sigma^2) of a Gaussian actor-critic (Mnih et al.
+    2016, supplementary §9); with ``use_mean`` acts with the mean (evaluation). Standard
+    normals come from ``rng`` in blocks, as the softmax policy's uniforms do."""
+
+    def __init__(self, net: torch.nn.Module, num_envs: int, rng: np.random.Generator,
+                 forward: Callable | None = None, use_mean: bool = False):
+        super().__init__(net, num_envs, rng, forward)
+        self.use_mean = use_mean
+
+    def _next_normals(self, n: int) -> np.ndarray:
+        if self.uniform_pos + n > len(self.uniforms):
+            self.uniforms = self.rng.standard_normal(max(self.UNIFORMS_PER_DRAW, n))
+            self.uniform_pos = 0
+        self.uniform_pos += n
+        return self.uniforms[self.uniform_pos - n:self.uniform_pos]
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            out, _, self.state = self.forward(torch.from_numpy(obs), self.state)
+        out = out.numpy()
+        if self.use_mean:
+            return mean_action(out)
+        d = out.shape[1] // 2
+        return sample_gaussian(out, self._next_normals(out.shape[0] * d).reshape(-1, d))

@@ -8,6 +8,8 @@ the run's network.
   after the fully connected layer ("A3C LSTM").
 * `MLPQNetwork`, `MLPActorCritic`: small MLP versions for classic-control tasks (CartPole),
   which make the learning tests fast enough for CI.
+* `MLPGaussianActorCritic`: the Gaussian policy of the paper's continuous-control experiments
+  (MuJoCo from physical state); its "logits" are the means and variances.
 
 Image inputs may be uint8 (as the envs and replay store them); they are scaled by 1/255 inside
 the network, so the float copy never crosses a process boundary.
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 if TYPE_CHECKING:
     from hpcrl.config import Config
@@ -170,6 +173,40 @@ class MLPActorCritic(_ActorCritic):
         self._build_heads(hidden, num_actions, lstm, hidden)
 
 
+class MLPGaussianActorCritic(_ActorCritic):
+    """Actor-critic with a Gaussian policy for continuous actions from physical state (Mnih et
+    al. 2016, supplementary §9): one hidden layer of ReLU units (200 in the paper), an LSTM of
+    128 cells in the recurrent variant, a linear layer for the mean mu and a SoftPlus layer
+    for the variance sigma^2 (``std="softplus"``), or one learned log standard deviation per
+    action dimension (``std="state_independent"``), and a linear value head.
+
+    The policy output is ``[B, 2 D]``: the means, then the variances (each plus ``min_var``),
+    as :func:`hpcrl.rl.gaussian.split_policy` reads it.
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, lstm: bool = False, hidden: int = 200,
+                 std: str = "softplus", min_var: float = 1e-4, lstm_size: int = 128):
+        super().__init__()
+        if std not in ("softplus", "state_independent"):
+            raise ValueError(f"unknown gaussian std {std!r} (softplus, state_independent)")
+        self.action_dim, self.min_var = action_dim, min_var
+        self.torso = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU())
+        outputs = 2 * action_dim if std == "softplus" else action_dim
+        self._build_heads(hidden, outputs, lstm, lstm_size)
+        self.log_std = nn.Parameter(torch.zeros(action_dim)) if std != "softplus" else None
+
+    def forward(self, obs: torch.Tensor, state: LSTMState | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
+        """obs [B, obs_dim] -> policy output [B, 2 D] (means, variances), value [B], state."""
+        out, value, state = super().forward(obs, state)
+        if self.log_std is None:
+            d = self.action_dim
+            mean, var = out[:, :d], F.softplus(out[:, d:])
+        else:
+            mean, var = out, torch.exp(2.0 * self.log_std).expand_as(out)
+        return torch.cat([mean, var + self.min_var], dim=-1), value, state
+
+
 def reset_lstm_state(state: LSTMState | None, episode_end: np.ndarray | torch.Tensor
                      ) -> LSTMState | None:
     """Zero the (h, c) rows of envs whose episode ended; other rows are kept. None passes.
@@ -218,12 +255,17 @@ def init_orthogonal(net: _ActorCritic) -> _ActorCritic:
 
 
 def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
-                       hidden: int = 64, init: str = "torch") -> _ActorCritic:
-    """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones; ``init``:
+                       hidden: int = 64, init: str = "torch", continuous: bool = False,
+                       std: str = "softplus", min_var: float = 1e-4) -> _ActorCritic:
+    """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones, the Gaussian
+    one (``num_actions`` = the action dimension) for ``continuous`` actions; ``init``:
     "torch" (torch's default initialisation) or "orthogonal" (`init_orthogonal`)."""
     if init not in INITS:
         raise ValueError(f"unknown init {init!r} ({', '.join(INITS)})")
-    if len(obs_shape) == 3:
+    if continuous:
+        net = MLPGaussianActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm,
+                                     hidden=hidden, std=std, min_var=min_var)
+    elif len(obs_shape) == 3:
         net = A3CNetwork(tuple(obs_shape), num_actions, lstm=lstm)
     else:
         net = MLPActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm, hidden=hidden)
@@ -241,6 +283,9 @@ def build_network(cfg: "Config", obs_shape: tuple[int, ...], num_actions: int) -
     Sets torch to one thread: every rank owns one core (``OMP_NUM_THREADS=1``)."""
     torch.set_num_threads(1)
     if cfg.algo == "a3c":
+        from hpcrl.games import continuous_id
+
         return build_actor_critic(obs_shape, num_actions, lstm=cfg.lstm, hidden=cfg.mlp_hidden,
-                                  init=cfg.init)
+                                  init=cfg.init, continuous=continuous_id(cfg.game) is not None,
+                                  std=cfg.gaussian_std, min_var=cfg.gaussian_min_var)
     return build_q_network(obs_shape, num_actions, kind=cfg.network, hidden=cfg.mlp_hidden)

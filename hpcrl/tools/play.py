@@ -34,7 +34,7 @@ class Episode:
     frames: int
     agent_steps: int
     observations: list[np.ndarray] = field(default_factory=list, repr=False)
-    actions: list[int] = field(default_factory=list, repr=False)
+    actions: list = field(default_factory=list, repr=False)   # ints, or float lists (continuous)
 
 
 def play(policy, env, episodes: int, *, on_frame=None, keep_observations: bool = False
@@ -53,7 +53,7 @@ def play(policy, env, episodes: int, *, on_frame=None, keep_observations: bool =
         action = policy.act(obs)
         if keep_observations:
             seen.append(obs[0].copy())
-            acts.append(int(action[0]))
+            acts.append(action[0].tolist() if np.ndim(action[0]) else int(action[0]))
         res = env.step(action)
         steps += 1
         policy.episode_end(res.episode_end)

@@ -9,7 +9,8 @@ plain torch ``state_dict`` with a JSON description, and loaded back.
 ``act`` follows the evaluation protocol of the run's algorithm (Mnih et al. 2015, Methods;
 Mnih et al. 2016, §5): Q-networks act epsilon-greedily (``epsilon``, by default the run's
 ``eval_epsilon``), A3C samples from its softmax policy (``greedy=True`` takes the most probable
-action) and carries its LSTM state from call to call until ``episode_end``. Observations are
+action), or acts with its Gaussian policy's mean on a continuous task, and carries its LSTM
+state from call to call until ``episode_end``. Observations are
 what the run's environment produces: for Atari [N, 4, 84, 84] uint8 (grayscale, max over the
 last two of each 4 frames, stacked; the network divides by 255), for CartPole the raw state.
 """
@@ -26,7 +27,8 @@ import torch
 
 from hpcrl.version import __version__
 from hpcrl.config import Config, ConfigError, loads_config, to_toml
-from hpcrl.rl.acting import ActorCriticPolicy, FixedEpsilonPolicy
+from hpcrl.games import continuous_id
+from hpcrl.rl.acting import ActorCriticPolicy, FixedEpsilonPolicy, GaussianPolicy
 from hpcrl.rl.networks import build_network
 from hpcrl.runtime.params.layout import ParamLayout
 from hpcrl.tools import runfiles
@@ -76,8 +78,9 @@ class Policy:
         return self._acting.state if self._acting is not None else None
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Actions [N] (indices into ``action_ids``) for observations [N, *obs_shape], by the
-        evaluator's rules (:func:`hpcrl.agents.evaluation.evaluation_policy`)."""
+        """Actions [N] (indices into ``action_ids``), or [N, D] floats for a continuous task,
+        for observations [N, *obs_shape], by the evaluator's rules
+        (:func:`hpcrl.agents.evaluation.evaluation_policy`)."""
         obs = np.ascontiguousarray(obs)
         if obs.shape[1:] != self.obs_shape:
             raise ValueError(f"observations must have shape [N, {', '.join(map(str, self.obs_shape))}]"
@@ -86,9 +89,16 @@ class Policy:
             self._acting, self._batch = self._acting_rule(len(obs)), len(obs)
         return np.asarray(self._acting.act(obs))
 
+    @property
+    def continuous(self) -> bool:
+        """Whether actions are float vectors [N, D] (a Gaussian policy) rather than indices."""
+        return continuous_id(self.config.game) is not None
+
     def _acting_rule(self, num_envs: int):
         if self.config.algo != "a3c":
             return FixedEpsilonPolicy(self.module, self.epsilon, self.rng)
+        if self.continuous:
+            return GaussianPolicy(self.module, num_envs, self.rng, use_mean=True)
         kind = GreedyActorCriticPolicy if self.greedy else ActorCriticPolicy
         return kind(self.module, num_envs, self.rng)
 
@@ -106,7 +116,9 @@ class Policy:
             "network": "actor-critic" if cfg.algo == "a3c" else "q",
             "obs_shape": list(self.obs_shape), "num_actions": self.num_actions,
             "action_ids": self.action_ids,
-            "acting": ("sample from softmax(logits); greedy: argmax" if cfg.algo == "a3c" else
+            "acting": ("the mean of the Gaussian policy: float actions [N, num_actions], "
+                       "clipped to the task's bounds by its environment" if self.continuous else
+                       "sample from softmax(logits); greedy: argmax" if cfg.algo == "a3c" else
                        f"epsilon-greedy on Q, epsilon {self.epsilon}"),
             "preprocessing": ({
                 "frame_skip": cfg.frame_skip, "frame_stack": cfg.frame_stack,

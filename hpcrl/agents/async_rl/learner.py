@@ -8,7 +8,8 @@
   change between pulls here, so the sum equals the paper's accumulation step by step.
 * A3C (Algorithm S3): n-step returns bootstrapped with V(s_T; theta)
   (`hpcrl.rl.losses.bootstrap_returns`), advantage R - V(s), entropy regularisation, feed-
-  forward or LSTM (state carried across rollouts, zeroed at episode ends).
+  forward or LSTM (state carried across rollouts, zeroed at episode ends); a softmax policy
+  over discrete actions or a Gaussian one over continuous actions (`hpcrl.rl.gaussian`).
 * Every gradient is clipped to a global norm (``grad_clip_norm``) before it is pushed.
 
 An episode cut by the time limit (not terminal) bootstraps from the state it was cut at, with
@@ -23,6 +24,7 @@ import torch
 from hpcrl.agents.async_rl.rollout import Rollout, flat_batch
 from hpcrl.config import Config
 from hpcrl.core import LearnerStats
+from hpcrl.rl.gaussian import a3c_gaussian_loss
 from hpcrl.rl.losses import a3c_loss, bootstrap_returns, dqn_loss, rollout_cuts, td_error, \
     value_targets
 from hpcrl.rl.networks import reset_lstm_state
@@ -63,7 +65,7 @@ def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
         logits [T, N, A], values [T, N], and the state after each step before any reset (a list
         of T states; None entries for feed-forward nets), which bootstraps V(s_t[i]).
     """
-    T, N = rollout.a_tm1.shape
+    T, N = rollout.a_tm1.shape[:2]
     if not _recurrent(net):
         # feed-forward: one batched pass over all T * N states (one backward graph, not T)
         lg, v, _ = net(torch.from_numpy(flat_batch(rollout.s_tm1)), None)
@@ -102,7 +104,7 @@ def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
     ride along with the rollout's states and their values are detached (one forward call per
     rollout instead of two). Recurrent nets unroll step by step.
     """
-    T, N = rollout.a_tm1.shape
+    T, N = rollout.a_tm1.shape[:2]
     if _recurrent(net):
         logits, values, after = unroll_actor_critic(net, rollout)
         return logits, values, actor_critic_bootstrap(net, rollout, after)
@@ -137,13 +139,14 @@ class AsyncLearner:
         variance, not an N times larger one, so learning rate, RMSProp's epsilon and the
         norm clip keep their meaning. With one environment it is the paper's loss exactly.
         """
-        T, N = rollout.a_tm1.shape
+        T, N = rollout.a_tm1.shape[:2]
         if self.cfg.algo == "a3c":
             logits, values, v_t = actor_critic_outputs(self.net, rollout)
             returns = bootstrap_returns(rollout.r_t, rollout.discount_t,
                                         rollout_cuts(rollout.end_t), v_t, self.cfg.gamma)
-            out = a3c_loss(logits, values, torch.from_numpy(rollout.a_tm1),
-                           torch.from_numpy(returns), self.cfg.entropy_beta, self.cfg.value_coef)
+            loss = a3c_gaussian_loss if rollout.a_tm1.ndim == 3 else a3c_loss
+            out = loss(logits, values, torch.from_numpy(rollout.a_tm1),
+                       torch.from_numpy(returns), self.cfg.entropy_beta, self.cfg.value_coef)
             return out["total"] / N
         with torch.no_grad():
             q_t = self.target(torch.from_numpy(flat_batch(rollout.s_t))).numpy()

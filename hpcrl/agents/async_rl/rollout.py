@@ -23,7 +23,7 @@ class Rollout(NamedTuple):
 
     Attributes:
         s_tm1: [T, N, *obs] observation in which a_tm1 was taken.
-        a_tm1: [T, N] int64 actions.
+        a_tm1: [T, N] int64 actions, or [T, N, D] float32 ones (continuous control).
         r_t: [T, N] float32 training rewards.
         discount_t: [T, N] float32, 0 where s_t is terminal (no bootstrap), else 1.
         end_t: [T, N] bool, the episode ended at s_t (terminal or cut by the time limit); the
@@ -97,7 +97,9 @@ def collect_rollout(env, obs: np.ndarray, policy, num_steps: int,
             on_step(res)
         obs = res.obs
     discount_t = (~np.stack(terminal_t)).astype(np.float32)
-    return Rollout(np.stack(s_tm1), np.stack(a_tm1).astype(np.int64, copy=False),
+    actions = np.stack(a_tm1)                       # float [T, N, D] for continuous actions
+    actions = actions if actions.dtype.kind == "f" else actions.astype(np.int64, copy=False)
+    return Rollout(np.stack(s_tm1), actions,
                    np.stack(r_t).astype(np.float32, copy=False), discount_t,
                    np.stack(end_t).astype(bool, copy=False), np.stack(s_t), state0), obs
 

@@ -27,7 +27,7 @@ from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, ta
 from hpcrl.agents.evaluation import evaluate, final_evaluation, first_evaluation
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import StepResult, make_env_from_config
-from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy
+from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy, GaussianPolicy
 from hpcrl.rl.networks import build_network
 from hpcrl.rl.policies import learning_rate
 from hpcrl.runtime import hooks
@@ -60,6 +60,8 @@ class ActorLearnerWorker(WorkerBase):
         if self.value_method:
             self.policy = EpsilonGreedyPolicy(net, n_env, cfg.anneal_frames, env.frames_per_step,
                                               self.rng, forward=forward)
+        elif getattr(env, "continuous", False):
+            self.policy = GaussianPolicy(net, n_env, self.rng, forward=forward)
         else:
             self.policy = ActorCriticPolicy(net, n_env, self.rng, forward=forward)
         self.frames_per_step = env.frames_per_step * n_env
