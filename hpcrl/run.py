@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         validate(cfg)
     except (LayoutError, ConfigError, ValueError) as exc:
         return _error(str(exc), rank)
+    if rank == 0:
+        from hpcrl.games import resolve_game_id
+        from hpcrl.learning_records import record_line
+
+        print(f"[hpcrl] {record_line(args.config, cfg, resolve_game_id(cfg.game)[1])}", flush=True)
     role = layout.roles[rank].value
     try:
         from hpcrl.agents import make_worker

@@ -58,6 +58,7 @@ def test_learns_cartpole_within_300k_agent_steps(config, extra, tmp_path):
     print(f"{config} {extra}: {kind} mean(20) reached 195 at frame {reached}, {wall:.0f} s")
     assert reached is not None and reached <= BUDGET
     assert "[hpcrl] early stop: mean return of the last 20" in proc.stdout
+    assert f"[hpcrl] {config}.toml on CartPole-v1 learns: CI learning gate" in proc.stdout
     # the run ended at the mark, not at the budget
     assert int(m["train"]["frames"][-1]) < BUDGET
     assert np.isfinite(m["train"]["loss"][-5:]).any()
