@@ -32,7 +32,7 @@ from typing import Sequence
 
 from hpcrl.io.metrics import COLUMNS, GROUPS, MetricsError, read_metrics
 from hpcrl.io.tbevents import EventFileWriter
-from hpcrl.tools.analyze import DEFAULT_STALE_AFTER_S, run_status
+from hpcrl.tools.runs import DEFAULT_STALE_AFTER_S, run_status
 
 
 class ExportError(RuntimeError):
