@@ -136,8 +136,10 @@ class Config:
     epsilon_start: float = _f(1.0, "initial exploration epsilon", lo=0.0, hi=1.0)
     epsilon_end: float = _f(0.1, "final exploration epsilon (Gorila / DQN)", lo=0.0, hi=1.0)
     epsilon_frames: int = _f(1_000_000, "frames (per actor) over which epsilon anneals", lo=1)
-    network: str = _f("auto", "auto (conv for images, MLP for vectors) | nature | mlp",
-                      choices=("auto", "nature", "mlp"))
+    network: str = _f("auto", "Q-network: auto (nature for images, mlp for vectors) | nature "
+                      "(Mnih et al. 2015) | small (the asynchronous value methods' network: "
+                      "conv 16 8x8/4, conv 32 4x4/2, fc 256) | mlp",
+                      choices=("auto", "nature", "small", "mlp"))
     mlp_hidden: int = _f(64, "hidden units per layer of MLP networks (classic control)", lo=1)
     init: str = _f("torch", "A3C network initialisation: torch (its defaults) | orthogonal "
                    "(gain sqrt 2, zero biases, policy head 0.01)", choices=("torch", "orthogonal"))

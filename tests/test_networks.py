@@ -26,6 +26,27 @@ def test_nature_dqn_parameter_count_by_hand():
     assert ParamLayout.from_module(net).size == 1_687_206
 
 
+def test_the_async_value_methods_small_network_has_the_papers_layers():
+    """Mnih et al. 2016, §8: the value methods use the network of Mnih et al. 2013 (A3C's
+    torso) with one Q-value per action: conv 16 8x8/4, conv 32 4x4/2, fc 256."""
+    from hpcrl.config import load_config
+    from hpcrl.rl.networks import SmallQNetwork, build_network
+    from tests.util import ROOT
+
+    net = build_q_network((4, 84, 84), 6, kind="small")
+    assert isinstance(net, SmallQNetwork)
+    convs = [m for m in net.torso if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [
+        (16, (8, 8), (4, 4)), (32, (4, 4), (2, 2))]
+    # conv1 4,112 + conv2 8,224 + fc 32*9*9*256 + 256 = 663,808 + q 256*6 + 6 = 1,542
+    assert num_params(net) == 4_112 + 8_224 + 663_808 + 1_542 == 677_686
+    assert net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape == (2, 6)
+    for algo in ("one_step_q", "one_step_sarsa", "n_step_q"):
+        cfg = load_config(ROOT / f"configs/{algo}_pong.toml")
+        assert cfg.network == "small" and isinstance(build_network(cfg, (4, 84, 84), 6),
+                                                     SmallQNetwork), algo
+
+
 def test_a3c_parameter_count_by_hand():
     # conv1 4*16*64 + 16 = 4,112; (84-8)/4+1 = 20; conv2 16*32*16 + 32 = 8,224; (20-4)/2+1 = 9
     # fc 32*9*9*256 + 256 = 663,808; policy 256*6 + 6 = 1,542; value 256 + 1 = 257

@@ -2,7 +2,9 @@
 the run's network.
 
 * `NatureQNetwork`: the DQN network of Mnih et al. 2015 (Nature), used by Gorila (Nair et al.
-  2015) and by the asynchronous value methods of Mnih et al. 2016.
+  2015).
+* `SmallQNetwork`: the network of Mnih et al. 2013, which the asynchronous value methods of
+  Mnih et al. 2016 use (``network = "small"``).
 * `A3CNetwork`: the smaller network of Mnih et al. 2016 (that of Mnih et al. 2013), with a
   softmax policy head and a linear value head, feed-forward or with an LSTM cell of 256 units
   after the fully connected layer ("A3C LSTM").
@@ -74,6 +76,35 @@ class NatureQNetwork(nn.Module):
             nn.Linear(64 * h * w, 512), nn.ReLU(),
         )
         self.q_head = nn.Linear(512, num_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, stack, H, W] (uint8 or float) -> Q-values [B, num_actions]."""
+        return self.q_head(self.torso(_scale_input(obs)))
+
+
+class SmallQNetwork(nn.Module):
+    """Q-network of the asynchronous value methods (Mnih et al. 2016, §8: "the same
+    architecture as (Mnih et al., 2013)", the torso of A3C's network): conv 16 8x8/4, conv 32
+    4x4/2, fc 256, ReLUs, one Q-value per action. About a third of the Nature network's
+    multiply-adds on Atari frames.
+
+    Args:
+        obs_shape: (stack, height, width), (4, 84, 84) for DQN preprocessing.
+        num_actions: number of outputs.
+    """
+
+    def __init__(self, obs_shape: tuple[int, int, int], num_actions: int):
+        super().__init__()
+        c, h, w = obs_shape
+        for k, s in ((8, 4), (4, 2)):
+            h, w = _conv_out(h, k, s), _conv_out(w, k, s)
+        self.torso = nn.Sequential(
+            nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * h * w, 256), nn.ReLU(),
+        )
+        self.q_head = nn.Linear(256, num_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [B, stack, H, W] (uint8 or float) -> Q-values [B, num_actions]."""
@@ -223,14 +254,17 @@ def reset_lstm_state(state: LSTMState | None, episode_end: np.ndarray | torch.Te
 
 def build_q_network(obs_shape: tuple[int, ...], num_actions: int, kind: str = "auto",
                     hidden: int = 64) -> nn.Module:
-    """Q-network for an env: "nature" (conv, 3-D obs), "mlp" (1-D obs), or "auto" (by obs rank)."""
+    """Q-network for an env: "nature" (conv, 3-D obs), "small" (the asynchronous methods'
+    conv network, 3-D obs), "mlp" (1-D obs), or "auto" (nature or mlp, by obs rank)."""
     if kind == "auto":
         kind = "nature" if len(obs_shape) == 3 else "mlp"
     if kind == "nature":
         return NatureQNetwork(tuple(obs_shape), num_actions)
+    if kind == "small":
+        return SmallQNetwork(tuple(obs_shape), num_actions)
     if kind == "mlp":
         return MLPQNetwork(int(np.prod(obs_shape)), num_actions, hidden=(hidden, hidden))
-    raise ValueError(f"unknown q-network kind {kind!r} (auto, nature, mlp)")
+    raise ValueError(f"unknown q-network kind {kind!r} (auto, nature, small, mlp)")
 
 
 INITS = ("torch", "orthogonal")
