@@ -217,3 +217,59 @@ def test_a_frozen_evaluator_is_named_and_the_job_ends(tmp_path):
     assert proc.returncode != 0
     assert "final evaluation: no word from rank 2 (actor-learner)" in proc.stdout + proc.stderr
     assert runfiles.checkpoint_generation(run)[1]["frames"] >= 2000   # the weights are saved
+
+
+# --- a checkpoint does not wait for a periodic evaluation -------------------------------------
+
+def test_the_interrupt_looks_every_16_steps_and_raises_once_a_checkpoint_is_due():
+    from hpcrl.agents.evaluation import EvaluationInterrupted, interrupt_at_checkpoint
+
+    polls, due = [], [False]
+
+    def poll():
+        polls.append(1)
+        return due[0]
+
+    on_step = interrupt_at_checkpoint(poll)
+    for _ in range(47):
+        on_step()
+    assert len(polls) == 2                           # at steps 16 and 32
+    due[0] = True
+    with pytest.raises(EvaluationInterrupted):
+        on_step()                                    # step 48: looks, and gives up
+    assert len(polls) == 3
+
+
+@pytest.mark.mpi
+def test_a_stop_signal_during_a_long_evaluation_checkpoints_at_once(tmp_path):
+    """A3C CartPole whose actor-learners spend nearly all their time in periodic evaluations
+    (1,000 episodes after every 200 of their own steps): the stop signal's checkpoint comes
+    within seconds, not after the evaluation in progress; the resumed run evaluates again."""
+    import re
+    import time
+
+    from tests.util import job_reported, mpiexec_path, stop_signal
+
+    run = tmp_path / "run"
+    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcrl.run", "--config",
+           "configs/a3c_cartpole.toml", "--set", f"run_dir={run}", "--set", "total_frames=10000000",
+           "--set", "eval_every_frames=200", "--set", "eval_episodes=1000", "--set",
+           "log_every_s=0.5"]
+    env = dict(__import__("os").environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    # rank 1 evaluates from 100 of its own frames on, rank 2 from 200: at 300 frames both run
+    # (one still importing under load would hold the checkpoint up on its own)
+    deadline = time.monotonic() + 120
+    while not job_reported(run, 300):
+        assert job.poll() is None and time.monotonic() < deadline, "no progress to 300 frames"
+        time.sleep(0.2)
+    time.sleep(2.0)                                  # inside the evaluations
+    job.send_signal(stop_signal())
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 85, out[-3000:]
+    after = re.search(r"checkpoint generation 1 at frame [\d,]+: .* ([\d.]+) s after the signal",
+                      out)
+    assert after is not None, out[-3000:]
+    assert float(after.group(1)) < 5.0, out[-3000:]
+    assert read_metrics(run / "metrics.h5")["eval"]["return"].size == 0   # none finished yet

@@ -62,6 +62,31 @@ def evaluation_policy(net: torch.nn.Module, cfg: Config, num_envs: int,
     return FixedEpsilonPolicy(net, cfg.eval_epsilon, rng)
 
 
+class EvaluationInterrupted(Exception):
+    """A periodic evaluation given up because a coordinated checkpoint is due: every other
+    rank would wait for it (minutes for Atari episodes), so the rank joins the checkpoint at
+    once and evaluates again after it, from the same seed."""
+
+
+#: Evaluation steps between two looks at the checkpoint request (one atomic read each).
+INTERRUPT_CHECK_STEPS = 16
+
+
+def interrupt_at_checkpoint(due: Callable[[], bool]) -> Callable[[], None]:
+    """An ``on_step`` for :func:`evaluate` that raises :class:`EvaluationInterrupted` once
+    ``due()`` (the coordinator's poll) says a checkpoint is due, looking every
+    ``INTERRUPT_CHECK_STEPS`` batched steps."""
+    steps = 0
+
+    def on_step() -> None:
+        nonlocal steps
+        steps += 1
+        if steps % INTERRUPT_CHECK_STEPS == 0 and due():
+            raise EvaluationInterrupted
+
+    return on_step
+
+
 def evaluate(net: torch.nn.Module, cfg: Config, seed: int, rng: np.random.Generator,
              episodes: int | None = None, on_step: Callable[[], None] | None = None
              ) -> list[tuple[float, int]]:

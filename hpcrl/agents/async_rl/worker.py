@@ -24,7 +24,8 @@ from hpcrl.agents.async_rl.learner import VALUE_METHODS, AsyncLearner
 from hpcrl.agents.async_rl.rollout import collect_rollout
 from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, target_refresh_due, \
     torch_rng_state
-from hpcrl.agents.evaluation import evaluate, final_evaluation, first_evaluation
+from hpcrl.agents.evaluation import EvaluationInterrupted, evaluate, final_evaluation, \
+    first_evaluation, interrupt_at_checkpoint
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import StepResult, make_env_from_config
 from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy, GaussianPolicy
@@ -80,6 +81,7 @@ class ActorLearnerWorker(WorkerBase):
         self.next_eval = (first_evaluation(cfg.eval_every_frames, evaluating.index(ctx.rank),
                                            len(evaluating))
                           if cfg.eval_every_frames > 0 and ctx.rank in evaluating else -1)
+        self.eval_interrupt = interrupt_at_checkpoint(ctx.coord.due)
         self.versions = ctx.store.pull(self.theta)
 
     def global_frames(self) -> int:
@@ -115,7 +117,12 @@ class ActorLearnerWorker(WorkerBase):
         self.rollouts += 1
         self.clock.maybe_write(self.rollouts * cfg.t_max * self.n_env)
         if 0 <= self.next_eval <= self.rollouts * cfg.t_max * self.frames_per_step:
-            for ret, length in evaluate(self.net, cfg, self.seed + self.next_eval, self.rng):
+            try:
+                results = evaluate(self.net, cfg, self.seed + self.next_eval, self.rng,
+                                   on_step=self.eval_interrupt)
+            except EvaluationInterrupted:       # after the checkpoint, from the same seed
+                return
+            for ret, length in results:
                 self.link.episode(self.frames_seen, ret, length, eval_=True)
             self.next_eval += cfg.eval_every_frames
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hpcrl.agents.base import target_refresh_due
-from hpcrl.agents.evaluation import evaluate, first_evaluation
+from hpcrl.agents.evaluation import EvaluationInterrupted, evaluate, first_evaluation
 from hpcrl.config import Config
 from hpcrl.core import sub_state, with_prefix
 from hpcrl.envs import make_env_from_config
@@ -46,8 +46,11 @@ class Actor:
 
     def __init__(self, cfg: Config, rank: int, store: ParameterStore, link: ClientLink, sink,
                  env=None, net: torch.nn.Module | None = None,
-                 eval_slot: tuple[int, int] | None = (0, 1)):
+                 eval_slot: tuple[int, int] | None = (0, 1), eval_interrupt=None):
         self.cfg, self.rank, self.store, self.link, self.sink = cfg, rank, store, link, sink
+        #: ``on_step`` of the periodic evaluations: gives one up when a checkpoint is due
+        #: (:func:`hpcrl.agents.evaluation.interrupt_at_checkpoint`)
+        self.eval_interrupt = eval_interrupt
         self.seed = rank_seed(cfg.seed, rank)
         self.rng = np.random.default_rng(self.seed)
         self.env = env or make_env_from_config(cfg, cfg.envs_per_actor, self.seed, training=True)
@@ -119,7 +122,12 @@ class Actor:
                                   int(res.episode_frames[i]))
         self.obs = res.obs
         if self.next_eval is not None and self.local_frames >= self.next_eval:
+            try:
+                results = evaluate(self.net, self.cfg, self.seed + self.steps, self.rng,
+                                   on_step=self.eval_interrupt)
+            except EvaluationInterrupted:       # again after the checkpoint
+                return self.global_frames
             self.next_eval += self.cfg.eval_every_frames
-            for ret, length in evaluate(self.net, self.cfg, self.seed + self.steps, self.rng):
+            for ret, length in results:
                 self.link.episode(self.global_frames, ret, length, eval_=True)
         return self.global_frames

@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, torch_rng_state
-from hpcrl.agents.evaluation import evaluate, final_evaluation
+from hpcrl.agents.evaluation import EvaluationInterrupted, evaluate, final_evaluation, \
+    interrupt_at_checkpoint
 from hpcrl.agents.gorila.actor import Actor, LocalReplaySink
 from hpcrl.agents.gorila.learner import GorilaLearner
 from hpcrl.core import LearnerStats, sub_state, with_prefix
@@ -75,7 +76,8 @@ class BundleWorker(WorkerBase):
                                      stack, ctx.seed + i, n_step=cfg.n_step, gamma=cfg.gamma)
                         for i in range(n_env)]
         self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, LocalReplaySink(self.replays),
-                           env=self.env, eval_slot=eval_slot(ctx))
+                           env=self.env, eval_slot=eval_slot(ctx),
+                           eval_interrupt=interrupt_at_checkpoint(ctx.coord.due))
         target = build_network(cfg, self.env.obs_shape, self.env.num_actions)
         self.learner = GorilaLearner(self.actor.net, target, cfg)
         self.target = TargetNetwork(ctx.store, target)
@@ -152,7 +154,8 @@ class ActorWorker(WorkerBase):
         self.sink = ChunkSender(ctx.rcomm, ctx.layout.ranks_of(Role.REPLAY),
                                 ctx.layout.index_in_role(ctx.rank))
         self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, self.sink,
-                           eval_slot=eval_slot(ctx))
+                           eval_slot=eval_slot(ctx),
+                           eval_interrupt=interrupt_at_checkpoint(ctx.coord.due))
         self.every = cfg.split_update_every
         n_learners = len(ctx.layout.ranks_of(Role.LEARNER))
         self.head_start = (cfg.replay_min_fill * len(ctx.layout.ranks_of(Role.REPLAY))
@@ -268,6 +271,7 @@ class EvaluatorWorker(WorkerBase):
         self.net = build_network(cfg, *env_spec(cfg))
         _, self.theta = bind_parameters(self.net)
         self.frames_word = ctx.store.word(Word.FRAMES)
+        self.eval_interrupt = interrupt_at_checkpoint(ctx.coord.due)
         self.every = cfg.eval_every_frames or cfg.total_frames
         self.next_eval, self.rounds, self.frames = self.every, 0, 0
 
@@ -286,7 +290,12 @@ class EvaluatorWorker(WorkerBase):
             time.sleep(EVALUATOR_IDLE_S)
             return
         self.store.pull(self.theta)
-        for ret, length in evaluate(self.net, self.cfg, self.seed + self.rounds, self.rng):
+        try:
+            results = evaluate(self.net, self.cfg, self.seed + self.rounds, self.rng,
+                               on_step=self.eval_interrupt)
+        except EvaluationInterrupted:           # again after the checkpoint, same seed
+            return
+        for ret, length in results:
             self.link.episode(self.frames, ret, length, eval_=True)
         self.rounds += 1
         self.next_eval = (self.frames // self.every + 1) * self.every
