@@ -301,3 +301,10 @@ def test_bench_scaling_prints_json():
     assert all(0 < f < 1 for f in result["ps_cpu_fraction_1"] + result["ps_cpu_fraction_2"])
     assert result["ps_cpu_ms_per_gradient_2"][0] > 0
     assert set(result["phase_ms_per_step"]) == {"env", "forward", "learn"}
+    # the raw bound, timed 4 times around the 3 jobs: the 2-actor-learner job over its median
+    assert len(result["raw_frames_per_s_runs"]) == 4 and result["raw_frames_per_s"] > 0
+    assert result["raw_fraction"] == pytest.approx(
+        result["frames_per_s_2"] / np.median(result["raw_frames_per_s_runs"]), rel=1e-3)
+    assert result["raw_fraction_1"] == pytest.approx(
+        result["frames_per_s_1"] / result["raw_frames_per_s"])
+    assert 0 < result["raw_fraction"] < 1

@@ -27,6 +27,10 @@ alternating blocks so that machine noise hits both alike:
   batched actor-learner's agent steps/s against its in-process bound (N env steps + one
   batched forward per agent step, one rollout gradient per t_max x N steps); and the raw
   costs of the same day (ALE frames/s, forward at batch 1 and N, rollout gradient).
+* every scaling benchmark also times the raw bound (:mod:`hpcrl.bench.raw`: ALE alone on
+  every core at once) before and after each job and reports the job's frames/s over it,
+  ``raw_fraction`` (the batched job's, the 2-actor-learner job's, Gorila's), beside
+  ``raw_fraction_one_env`` / ``raw_fraction_1`` for the comparison jobs.
 * learner: Gorila learner updates/s (parameter pull, replay sample, DQN gradient, gradient push)
   against a pure torch loop (sample a batch from an in-memory array, forward, target forward,
   backward). The store lives on this one rank (COMM_SELF); the ps's apply runs on another rank
@@ -40,6 +44,7 @@ import time
 
 import numpy as np
 
+from hpcrl.bench.raw import concurrent_raw_frames, n_cores, raw_figures
 from hpcrl.runtime.profiling import PhaseClock
 
 PHASES = PhaseClock.PHASES
@@ -233,6 +238,19 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int,
             "bytes_per_transition": replay84.bytes_per_transition}
 
 
+def _stop_with_parent() -> None:
+    """In a benchmark's job launcher, before exec: SIGTERM it when the benchmark process dies
+    (killed at a timeout, say), so its job checkpoints and ends instead of running on."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):     # not Linux: the job may outlive a killed benchmark
+        pass
+
+
 def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_dir,
                  overrides: list[str] = (), launcher_args: list[str] = ()) -> dict:
     """Run the algorithm's Pong config with 1 ps + ``n_workers`` actor-learners; frames/s over
@@ -251,7 +269,8 @@ def _measure_job(algo: str, n_workers: int, seconds: float, warmup: float, run_d
         cmd += ["--set", item]
     times = Path(run_dir) / "phase_times"
     env = dict(os.environ, OMP_NUM_THREADS="1", HPCRL_PHASE_TIMES_DIR=str(times))
-    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           preexec_fn=_stop_with_parent)
     # the window starts once every actor-learner writes its phase times: start-up (imports,
     # network, environments) takes seconds on a quiet machine and far longer on a loaded one
     deadline = time.monotonic() + 300
@@ -403,11 +422,12 @@ def bench_batched(algo: str, n_env: int, n_workers: int, seconds: float, warmup:
     in-process bound (env steps + batched forwards + rollout gradients, timed in the job)."""
     import tempfile
 
-    jobs = []
+    jobs, raws = [], [concurrent_raw_frames("pong", _raw_seconds(seconds))]
     with tempfile.TemporaryDirectory() as tmp:
         for i, n in enumerate((1, n_env, 1)):
             jobs.append(_measure_job(algo, n_workers, seconds, warmup, f"{tmp}/job{i}",
                                      [*overrides, f"envs_per_actor={n}"], launcher_args))
+            raws.append(concurrent_raw_frames("pong", _raw_seconds(seconds)))
     raw = _raw_bounds(n_env)
     frames_per_step = 4                                  # Pong: frame skip 4
     one = float(np.mean([jobs[0]["frames_per_s"], jobs[2]["frames_per_s"]])) / frames_per_step
@@ -431,6 +451,8 @@ def bench_batched(algo: str, n_env: int, n_workers: int, seconds: float, warmup:
             "fraction_one_env": [round(p["fraction"], 4) for j in (jobs[0], jobs[2])
                                  for p in j["phases"]],
             "ps_cpu_fraction_batched": [round(p["cpu_fraction"], 3) for p in jobs[1]["ps"]],
+            **raw_figures(jobs[1]["frames_per_s"], raws),
+            "raw_fraction_one_env": one * frames_per_step / float(np.median(raws)),
             **{k: round(v, 4) for k, v in raw.items()}}
 
 
@@ -444,12 +466,13 @@ def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str]
 
     # The offline bound is timed before, between and after the jobs; the median is used.
     blocks = [_a3c_bound(300)]
-    jobs = []
+    jobs, raws = [], [concurrent_raw_frames("pong", _raw_seconds(seconds))]
     with tempfile.TemporaryDirectory() as tmp:
         for i, n_workers in enumerate((1, 2, 1)):
             jobs.append(_measure_job(algo, n_workers, seconds, warmup, f"{tmp}/job{i}",
                                      overrides, launcher_args))
             blocks.append(_a3c_bound(300))
+            raws.append(concurrent_raw_frames("pong", _raw_seconds(seconds)))
     bounds = {k: float(np.median([b[k] for b in blocks])) for k in blocks[0]}
     ones, two = [jobs[0], jobs[2]], jobs[1]
     fps_1 = float(np.mean([j["frames_per_s"] for j in ones]))
@@ -480,7 +503,9 @@ def bench_scaling(algo: str, seconds: float, warmup: float, overrides: list[str]
             "fraction_of_offline_bound": steps_one / bounds["bound"],
             "offline_bound_blocks_steps_per_s": [round(b["bound"], 1) for b in blocks],
             "offline_bound_separate_steps_per_s": bounds["bound_separate"],
-            "fraction_of_offline_separate_bound": steps_one / bounds["bound_separate"]}
+            "fraction_of_offline_separate_bound": steps_one / bounds["bound_separate"],
+            **raw_figures(two["frames_per_s"], raws),
+            "raw_fraction_1": fps_1 / float(np.median(raws))}
 
 
 def _gorila_job(ranks: int, seconds: float, warmup: float, run_dir, overrides: list[str],
@@ -502,7 +527,7 @@ def _gorila_job(ranks: int, seconds: float, warmup: float, run_dir, overrides: l
         cmd += ["--set", item]
     log = open(Path(run_dir).parent / (Path(run_dir).name + ".log"), "w")
     job = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=log,
-                           stderr=subprocess.STDOUT)
+                           stderr=subprocess.STDOUT, preexec_fn=_stop_with_parent)
     metrics = Path(run_dir) / "metrics.h5"
     deadline, started = time.monotonic() + 600, None
     while started is None and time.monotonic() < deadline:
@@ -592,9 +617,12 @@ def concurrent_bound(n_procs: int, update_every: int, seconds: float) -> float:
 
 
 def _n_cores() -> int:
-    import os
+    return n_cores()
 
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+def _raw_seconds(seconds: float) -> float:
+    """How long each timing of the raw bound runs: a sixth of a job's window, 2 s at least."""
+    return max(2.0, seconds / 6)
 
 
 def bench_gorila_scaling(ranks: int, runs: int, seconds: float, warmup: float,
@@ -622,6 +650,7 @@ def bench_gorila_scaling(ranks: int, runs: int, seconds: float, warmup: float,
     cores = _n_cores()
     bound_s = max(10.0, seconds / 3)
     bounds = [concurrent_bound(cores, every, bound_s)]
+    raws = [concurrent_raw_frames("pong", _raw_seconds(seconds))]
     offline = [bench_learner("pong", 20, 3, 5000, cfg.learner_precision)]
     jobs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -629,6 +658,7 @@ def bench_gorila_scaling(ranks: int, runs: int, seconds: float, warmup: float,
             jobs.append(_gorila_job(ranks, seconds, warmup, f"{tmp}/job{i}", list(overrides),
                                     list(launcher_args)))
             bounds.append(concurrent_bound(cores, every, bound_s))
+            raws.append(concurrent_raw_frames("pong", _raw_seconds(seconds)))
             offline.append(bench_learner("pong", 20, 3, 5000, cfg.learner_precision))
     bound = float(np.median(bounds))
     torch_rate = float(np.median([o["torch_updates_per_s"] for o in offline]))
@@ -651,7 +681,8 @@ def bench_gorila_scaling(ranks: int, runs: int, seconds: float, warmup: float,
             "learner_speedup_runs": [round(o["gradient_updates_per_s"] / o["torch_updates_per_s"], 4)
                                      for o in offline],
             "learner_with_pull_push_updates_per_s":
-                float(np.median([o["learner_updates_per_s"] for o in offline]))}
+                float(np.median([o["learner_updates_per_s"] for o in offline])),
+            **raw_figures(4 * float(np.median([j["agent_steps_per_s"] for j in jobs])), raws)}
 
 
 def bench_checkpoint(transitions: int, out_dir: str | None) -> dict:
