@@ -100,9 +100,13 @@ class ActorCriticPolicy:
         self.state = net.initial_state(num_envs)
         self.uniforms, self.uniform_pos = np.zeros(0), 0
 
+    def _draw_block(self, n: int) -> np.ndarray:
+        """A fresh block of draws (uniforms here; standard normals for a Gaussian policy)."""
+        return self.rng.random(n)
+
     def _next_uniforms(self, n: int) -> np.ndarray:
         if self.uniform_pos + n > len(self.uniforms):
-            self.uniforms = self.rng.random(max(self.UNIFORMS_PER_DRAW, n))
+            self.uniforms = self._draw_block(max(self.UNIFORMS_PER_DRAW, n))
             self.uniform_pos = 0
         self.uniform_pos += n
         return self.uniforms[self.uniform_pos - n:self.uniform_pos]
@@ -142,12 +146,8 @@ class GaussianPolicy(ActorCriticPolicy):
         super().__init__(net, num_envs, rng, forward)
         self.use_mean = use_mean
 
-    def _next_normals(self, n: int) -> np.ndarray:
-        if self.uniform_pos + n > len(self.uniforms):
-            self.uniforms = self.rng.standard_normal(max(self.UNIFORMS_PER_DRAW, n))
-            self.uniform_pos = 0
-        self.uniform_pos += n
-        return self.uniforms[self.uniform_pos - n:self.uniform_pos]
+    def _draw_block(self, n: int) -> np.ndarray:
+        return self.rng.standard_normal(n)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -156,4 +156,4 @@ class GaussianPolicy(ActorCriticPolicy):
         if self.use_mean:
             return mean_action(out)
         d = out.shape[1] // 2
-        return sample_gaussian(out, self._next_normals(out.shape[0] * d).reshape(-1, d))
+        return sample_gaussian(out, self._next_uniforms(out.shape[0] * d).reshape(-1, d))

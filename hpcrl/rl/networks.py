@@ -82,6 +82,20 @@ class NatureQNetwork(nn.Module):
         return self.q_head(self.torso(_scale_input(obs)))
 
 
+def small_torso(obs_shape: tuple[int, int, int]) -> nn.Sequential:
+    """The network of Mnih et al. 2013 up to its hidden layer, which A3C and the asynchronous
+    value methods share: conv 16 8x8/4, conv 32 4x4/2, fc 256, ReLUs."""
+    c, h, w = obs_shape
+    for k, s in ((8, 4), (4, 2)):
+        h, w = _conv_out(h, k, s), _conv_out(w, k, s)
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(32 * h * w, 256), nn.ReLU(),
+    )
+
+
 class SmallQNetwork(nn.Module):
     """Q-network of the asynchronous value methods (Mnih et al. 2016, §8: "the same
     architecture as (Mnih et al., 2013)", the torso of A3C's network): conv 16 8x8/4, conv 32
@@ -95,15 +109,7 @@ class SmallQNetwork(nn.Module):
 
     def __init__(self, obs_shape: tuple[int, int, int], num_actions: int):
         super().__init__()
-        c, h, w = obs_shape
-        for k, s in ((8, 4), (4, 2)):
-            h, w = _conv_out(h, k, s), _conv_out(w, k, s)
-        self.torso = nn.Sequential(
-            nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(32 * h * w, 256), nn.ReLU(),
-        )
+        self.torso = small_torso(obs_shape)
         self.q_head = nn.Linear(256, num_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -182,15 +188,7 @@ class A3CNetwork(_ActorCritic):
 
     def __init__(self, obs_shape: tuple[int, int, int], num_actions: int, lstm: bool = False):
         super().__init__()
-        c, h, w = obs_shape
-        for k, s in ((8, 4), (4, 2)):
-            h, w = _conv_out(h, k, s), _conv_out(w, k, s)
-        self.torso = nn.Sequential(
-            nn.Conv2d(c, 16, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(32 * h * w, 256), nn.ReLU(),
-        )
+        self.torso = small_torso(obs_shape)
         self._build_heads(256, num_actions, lstm, 256)
 
 
