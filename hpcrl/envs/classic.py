@@ -32,10 +32,13 @@ class ClassicControlEnv:
         limit = gymnasium.spec(game).max_episode_steps
         self.max_episode_frames = min(limit, max_episode_frames) if limit else max_episode_frames
         self._seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(num_envs) & 0x7FFFFFFF]
-        self.num_actions = int(self._envs[0].action_space.n)
+        self.num_actions = self._action_count(self._envs[0].action_space)
         self.obs_shape = self.frame_shape = tuple(self._envs[0].observation_space.shape)
         self._obs = np.zeros((num_envs, *self.obs_shape), np.float32)
         self._episodes = Episodes(num_envs)
+
+    def _action_count(self, space) -> int:
+        return int(space.n)
 
     def _reset_one(self, i: int) -> None:
         seed, self._seeds[i] = self._seeds[i], None  # seed the first reset only
@@ -48,8 +51,11 @@ class ClassicControlEnv:
             self._reset_one(i)
         return self._obs.copy()
 
+    def _checked_actions(self, actions: np.ndarray):
+        return check_actions(actions, self.num_envs, self.num_actions)
+
     def step(self, actions: np.ndarray) -> StepResult:
-        acts = check_actions(actions, self.num_envs, self.num_actions)
+        acts = self._checked_actions(actions)
         n = self.num_envs
         raw = np.zeros(n, np.float32)
         game_over = np.zeros(n, bool)
@@ -96,15 +102,21 @@ class ClassicControlEnv:
         """Physics state, each env's RNG, counters and current observations."""
         state = {"obs": self._obs.copy(), **self._episodes.get_state()}
         for i, env in enumerate(self._envs):
-            state[f"physics_{i}"] = np.asarray(env.state, np.float64).copy()
+            state[f"physics_{i}"] = self._physics(env)
             state[f"rng_{i}"] = generator_state_to_array(env.np_random)
         return state
+
+    def _physics(self, env) -> np.ndarray:
+        return np.asarray(env.state, np.float64).copy()
+
+    def _set_physics(self, env, physics: np.ndarray) -> None:
+        env.state = np.array(physics, np.float64)
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
         self._obs[:] = state["obs"]
         self._episodes.set_state(state)
         for i, env in enumerate(self._envs):
-            env.state = np.array(state[f"physics_{i}"], np.float64)
+            self._set_physics(env, state[f"physics_{i}"])
             env.np_random = generator_from_array(state[f"rng_{i}"])
             if hasattr(env, "steps_beyond_terminated"):
                 env.steps_beyond_terminated = None

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcrl.envs.base import Episodes, StepResult
-from hpcrl.io.rngstate import generator_from_array, generator_state_to_array
+from hpcrl.envs.classic import ClassicControlEnv
 
 
 def check_float_actions(actions: np.ndarray, num_envs: int, action_dim: int) -> np.ndarray:
@@ -33,76 +32,37 @@ def check_float_actions(actions: np.ndarray, num_envs: int, action_dim: int) -> 
     return actions
 
 
-class ContinuousControlEnv:
+class ContinuousControlEnv(ClassicControlEnv):
     """N gymnasium tasks with a Box action space, stepped in lockstep (see the module
-    docstring). ``num_actions`` is the action dimension D; ``continuous`` is True."""
+    docstring): the classic-control driver with float actions, clipped to the bounds, and
+    MuJoCo's simulator state in checkpoints. ``num_actions`` is the action dimension D;
+    ``continuous`` is True."""
 
-    frames_per_step = 1
     continuous = True
 
     def __init__(self, game: str, num_envs: int, seed: int, *, training: bool,
                  max_episode_frames: int = 108_000, clip_rewards: bool = False):
         import gymnasium
 
-        self.game, self.num_envs = game, num_envs
-        self.clip_rewards = training and clip_rewards
         try:
-            self._envs = [gymnasium.make(game, disable_env_checker=True).unwrapped
-                          for _ in range(num_envs)]
+            super().__init__(game, num_envs, seed, training=training,
+                             max_episode_frames=max_episode_frames, clip_rewards=clip_rewards)
         except gymnasium.error.DependencyNotInstalled as exc:
             raise ImportError(f"{game} needs MuJoCo: pip install -e '.[mujoco]' ({exc})") from None
-        limit = gymnasium.spec(game).max_episode_steps
-        self.max_episode_frames = min(limit, max_episode_frames) if limit else max_episode_frames
-        self._seeds = [int(s) for s in
-                       np.random.SeedSequence(seed).generate_state(num_envs) & 0x7FFFFFFF]
-        space = self._envs[0].action_space
-        self.num_actions = self.action_dim = int(np.prod(space.shape))
+
+    def _action_count(self, space) -> int:
         self.action_low = np.asarray(space.low, np.float32).reshape(-1)
         self.action_high = np.asarray(space.high, np.float32).reshape(-1)
-        self.obs_shape = self.frame_shape = (int(np.prod(self._envs[0].observation_space.shape)),)
-        self._obs = np.zeros((num_envs, *self.obs_shape), np.float32)
-        self._episodes = Episodes(num_envs)
+        self.action_dim = int(np.prod(space.shape))
+        return self.action_dim
 
-    def _reset_one(self, i: int) -> None:
-        seed, self._seeds[i] = self._seeds[i], None  # seed the first reset only
-        obs, _ = self._envs[i].reset(seed=seed)
-        self._obs[i] = np.asarray(obs, np.float32).reshape(-1)
-        self._episodes.returns[i] = 0.0
-        self._episodes.frames[i] = 0
-
-    def reset(self) -> np.ndarray:
-        for i in range(self.num_envs):
-            self._reset_one(i)
-        return self._obs.copy()
-
-    def step(self, actions: np.ndarray) -> StepResult:
-        acts = np.clip(check_float_actions(actions, self.num_envs, self.action_dim),
+    def _checked_actions(self, actions: np.ndarray) -> np.ndarray:
+        return np.clip(check_float_actions(actions, self.num_envs, self.action_dim),
                        self.action_low, self.action_high)
-        n = self.num_envs
-        raw = np.zeros(n, np.float32)
-        terminal = np.zeros(n, bool)
-        for i in range(n):
-            obs, raw[i], terminal[i], _, _ = self._envs[i].step(acts[i])
-            self._obs[i] = np.asarray(obs, np.float32).reshape(-1)
-        last_frame = self._obs.copy()
-        self._episodes.frames += 1
-        self._episodes.returns += raw
-        episode_end = terminal | (self._episodes.frames >= self.max_episode_frames)
-        episode_return = np.where(episode_end, self._episodes.returns, 0.0).astype(np.float32)
-        episode_frames = np.where(episode_end, self._episodes.frames, 0)
-        for i in np.flatnonzero(episode_end):
-            self._reset_one(int(i))
-        reward = np.clip(raw, -1.0, 1.0) if self.clip_rewards else raw.copy()
-        return StepResult(self._obs.copy(), last_frame, reward, raw, terminal, episode_end,
-                          episode_return, episode_frames)
 
     @property
     def action_ids(self) -> list[int]:
         return list(range(self.action_dim))
-
-    @property
-    def render_fps(self) -> float:
-        return float(self._envs[0].metadata.get("render_fps", 50))
 
     def render_rgb(self, i: int = 0) -> np.ndarray:
         """[H, W, 3] uint8 picture of env ``i`` (MuJoCo's off-screen renderer)."""
@@ -114,42 +74,20 @@ class ContinuousControlEnv:
         return np.asarray(picture, np.uint8)
 
     def _physics(self, env) -> np.ndarray:
-        if hasattr(env, "data"):                       # MuJoCo
-            import mujoco
+        if not hasattr(env, "data"):                   # Pendulum, MountainCarContinuous
+            return super()._physics(env)
+        import mujoco
 
-            spec = mujoco.mjtState.mjSTATE_INTEGRATION
-            out = np.empty(mujoco.mj_stateSize(env.model, spec), np.float64)
-            mujoco.mj_getState(env.model, env.data, out, spec)
-            return out
-        return np.asarray(env.state, np.float64).copy()
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        out = np.empty(mujoco.mj_stateSize(env.model, spec), np.float64)
+        mujoco.mj_getState(env.model, env.data, out, spec)
+        return out
 
     def _set_physics(self, env, physics: np.ndarray) -> None:
-        if hasattr(env, "data"):
-            import mujoco
+        if not hasattr(env, "data"):
+            return super()._set_physics(env, physics)
+        import mujoco
 
-            mujoco.mj_setState(env.model, env.data, np.asarray(physics, np.float64),
-                               mujoco.mjtState.mjSTATE_INTEGRATION)
-            mujoco.mj_forward(env.model, env.data)
-        else:
-            env.state = np.array(physics, np.float64)
-
-    def get_state(self) -> dict[str, np.ndarray]:
-        """Simulator state, each env's RNG, counters and current observations."""
-        state = {"obs": self._obs.copy(), **self._episodes.get_state()}
-        for i, env in enumerate(self._envs):
-            state[f"physics_{i}"] = self._physics(env)
-            state[f"rng_{i}"] = generator_state_to_array(env.np_random)
-        return state
-
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        self._obs[:] = state["obs"]
-        self._episodes.set_state(state)
-        for i, env in enumerate(self._envs):
-            self._set_physics(env, state[f"physics_{i}"])
-            env.np_random = generator_from_array(state[f"rng_{i}"])
-            self._seeds[i] = None
-
-    def close(self) -> None:
-        for env in self._envs:
-            env.close()
-        self._envs = []
+        mujoco.mj_setState(env.model, env.data, np.asarray(physics, np.float64),
+                           mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(env.model, env.data)
