@@ -616,10 +616,6 @@ def concurrent_bound(n_procs: int, update_every: int, seconds: float) -> float:
     return float(sum(rates))
 
 
-def _n_cores() -> int:
-    return n_cores()
-
-
 def _raw_seconds(seconds: float) -> float:
     """How long each timing of the raw bound runs: a sixth of a job's window, 2 s at least."""
     return max(2.0, seconds / 6)
@@ -647,7 +643,7 @@ def bench_gorila_scaling(ranks: int, runs: int, seconds: float, warmup: float,
     if not every:
         raise SystemExit("bench scaling --algo gorila: split mode needs split_update_every > 0 "
                          "(the bound assumes a fixed replay ratio)")
-    cores = _n_cores()
+    cores = n_cores()
     bound_s = max(10.0, seconds / 3)
     bounds = [concurrent_bound(cores, every, bound_s)]
     raws = [concurrent_raw_frames("pong", _raw_seconds(seconds))]
