@@ -180,10 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirBusy as exc:       # raised identically on every rank (decided by rank 0)
         _error(str(exc), rank)
         return EXIT_BUSY
-    except LeaseLost as exc:        # rank 0 found another job holding its run directory
-        _error(f"run directory {cfg.resolved_run_dir()}: this job no longer holds it: {exc}; "
-               "stopping without writing anything more there", rank)
-        comm.Abort(EXIT_BUSY)
+    except LeaseLost:               # rank 0 found another job holding its run directory;
+        comm.Abort(EXIT_BUSY)       # the lease has printed the one error line
         return EXIT_BUSY
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)
         return _error(str(exc), rank)

@@ -300,7 +300,7 @@ def test_frozen_holder_is_taken_over_and_stops_when_continued(tmp_path):
         if a.poll() is None:
             a.kill()
             a.wait()
-    assert err.count("no longer holds it") <= 1
+    assert err.count("no longer holds it") == 1, err
 
 
 def test_requeue_gets_through_while_the_old_lock_is_still_held(tmp_path, monkeypatch):
@@ -392,6 +392,29 @@ def test_a_heartbeat_that_cannot_be_written_loses_the_lease(tmp_path, monkeypatc
     with pytest.raises(LeaseLost):
         lease.check()
     lease.release()
+
+
+def test_a_lost_lease_is_announced_once_by_whichever_thread_sees_it_first(tmp_path, capfd):
+    """The heartbeat thread and the main thread's checks race to find a take-over: one error
+    line in all, and ``on_lost`` (the abort) only when the heartbeat thread saw it first."""
+    for _ in range(5):
+        lease = RunDirLease.acquire(tmp_path, 0.2)            # beats every 0.02 s
+        calls = []
+        lease.on_lost = lambda: calls.append(1)
+        other = dict(read_lease(tmp_path), token="successor", pid=1)
+        (tmp_path / LEASE_NAME).write_text(__import__("json").dumps(other))
+        raised = 0
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            try:
+                lease.check()
+            except LeaseLost:
+                raised += 1
+        lease.release()
+        err = capfd.readouterr().err
+        assert err.count("no longer holds it") == 1, err
+        assert raised > 0 and len(calls) <= 1
+        (tmp_path / LEASE_NAME).unlink()
 
 
 @pytest.mark.mpi

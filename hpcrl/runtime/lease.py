@@ -161,6 +161,7 @@ class RunDirLease:
         self.stale_s = stale_s
         #: why the lease was lost (None while it is held)
         self.lost: str | None = None
+        self._lost_lock = threading.Lock()
         #: called once, from the heartbeat thread, when the lease is lost (program: abort)
         self.on_lost = None
         self._last_ok = time.monotonic()
@@ -202,19 +203,27 @@ class RunDirLease:
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` unless the lease file still carries this job's token (call
-        before anything that would overwrite another job's files)."""
+        before anything that would overwrite another job's files). The loss is announced once,
+        by whichever of this call and the heartbeat thread sees it first."""
         if self.lost:
             raise LeaseLost(self.lost)
+        why = self._taken_over()
+        if why is not None:
+            self._mark_lost(why)
+            raise LeaseLost(why)
+
+    def _taken_over(self) -> str | None:
+        """Why this job no longer holds the lease, or None while it does."""
         try:
             cur = read_lease(self.run_dir)
         except OSError as exc:
-            raise LeaseLost(f"its lease file cannot be read ({exc.strerror or exc})") from None
+            return f"its lease file cannot be read ({exc.strerror or exc})"
         if cur is None or cur.get("token") != self.me["token"]:
             who = describe(cur, time.time()) if cur else "nobody (the file is gone)"
-            raise LeaseLost(f"its lease was taken over; the lease file now names {who}")
+            return f"its lease was taken over; the lease file now names {who}"
+        return None
 
     def _renew(self) -> None:
-        self.check()
         self.me["beat"] += 1
         self.me["heartbeat"] = time.time()
         _write_json(self.run_dir / LEASE_NAME, self.me)
@@ -222,23 +231,35 @@ class RunDirLease:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.me["heartbeat_s"]):
+            if self.lost:                   # the main thread's check found it first
+                return None
+            why = self._taken_over()
+            if why is not None:
+                return self._lose(why)
             try:
                 self._renew()
-            except LeaseLost as exc:
-                return self._lose(str(exc))
             except OSError as exc:
                 # Past half the stale bound a watcher may already count this job as dead.
                 failing_s = time.monotonic() - self._last_ok
                 if failing_s > self.stale_s / 2:
                     return self._lose(f"its heartbeat could not be written for {failing_s:.0f} s "
                                       f"({exc.strerror or exc})")
+        return None
 
-    def _lose(self, why: str) -> None:
-        self.lost = why
+    def _mark_lost(self, why: str) -> bool:
+        """Record the loss and print its one error line; False if it was already recorded."""
+        with self._lost_lock:
+            if self.lost:
+                return False
+            self.lost = why
         sys.stderr.write(f"hpcrl: error: run directory {self.run_dir}: this job no longer holds "
                          f"it: {why}; stopping without writing anything more there\n")
         sys.stderr.flush()
-        if self.on_lost is not None:
+        return True
+
+    def _lose(self, why: str) -> None:
+        """The heartbeat thread found the loss: announce it and stop the job (``on_lost``)."""
+        if self._mark_lost(why) and self.on_lost is not None:
             self.on_lost()
 
     def release(self) -> None:
