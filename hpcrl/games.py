@@ -1,11 +1,15 @@
 """Game sets of the papers, and game-id resolution.
 
-Two sets matter for this project:
+The sets:
 
 * ``gorila49``: the 49 games of the Nature DQN paper (Mnih et al. 2015), which Gorila
   (Nair et al. 2015) also used.
 * ``a3c57``: the 57 games of the A3C paper (Mnih et al. 2016): the 49 plus berzerk, defender,
   phoenix, pitfall, skiing, solaris, surround and yars_revenge.
+* ``atari5``: battle_zone, double_dunk, name_this_game, phoenix and qbert, the five games of
+  Atari-5 (Aitchison et al. 2023), whose scores estimate the 57-game median
+  (``python -m hpcrl.analyze DIR --atari5``); ``atari3`` and ``atari10``: its cheaper and
+  more accurate variants.
 
 Ids are ale-py's snake_case ROM ids (``space_invaders``); the lists come from DQN Zoo's
 ``atari_data.py`` and the papers (provenance: ``hpcrl/data/README.md``).
@@ -39,7 +43,17 @@ A3C_EXTRA_8: tuple[str, ...] = (
 
 A3C_57: tuple[str, ...] = tuple(sorted(GORILA_49 + A3C_EXTRA_8))
 
-GAME_SETS: dict[str, tuple[str, ...]] = {"gorila49": GORILA_49, "a3c57": A3C_57}
+# Atari-5 (Aitchison, Sweetser and Hutter, ICML 2023): five games whose scores predict the
+# 57-game median (the weights and the estimate: hpcrl/tools/atari5.py).
+# Atari-3 is the best three of them, Atari-10 the five plus five more.
+ATARI_5: tuple[str, ...] = ("battle_zone", "double_dunk", "name_this_game", "phoenix", "qbert")
+ATARI_3: tuple[str, ...] = ("battle_zone", "name_this_game", "phoenix")
+ATARI_10: tuple[str, ...] = ATARI_5 + ("amidar", "bowling", "frostbite", "kung_fu_master",
+                                       "riverraid")
+
+GAME_SETS: dict[str, tuple[str, ...]] = {"gorila49": GORILA_49, "a3c57": A3C_57,
+                                         "atari5": ATARI_5, "atari3": ATARI_3,
+                                         "atari10": ATARI_10}
 
 # gymnasium classic-control tasks behind the same env interface (small MLP tests, CI).
 CLASSIC_CONTROL: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1")
@@ -54,7 +68,7 @@ LIST_HINT = "list valid ids with `python -m hpcrl.games --list` (Atari ids: ale_
 
 
 def game_set(name: str) -> tuple[str, ...]:
-    """The game ids of one named set ("gorila49" or "a3c57").
+    """The game ids of one named set (a key of :data:`GAME_SETS`).
 
     Raises:
         ValueError: unknown set name.

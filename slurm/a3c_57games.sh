@@ -16,6 +16,7 @@
 # overridden. Submit from the repository root:
 #
 #   sbatch slurm/a3c_57games.sh                                     # all 57 games
+#   HPCRL_GAMES=atari5 sbatch --array=0-4 slurm/a3c_57games.sh      # the 5 games of Atari-5
 #   sbatch --array=36 slurm/a3c_57games.sh --set lstm=true          # pong, A3C LSTM
 #
 # Arguments after the script name go to `python -m hpcrl.run` (after the script's own --set
@@ -44,7 +45,7 @@
 # scancel (SIGTERM first) it exits 85 without requeueing.
 set -uo pipefail
 
-HPCRL_GAME_SET=a3c57
+HPCRL_GAME_SET=${HPCRL_GAMES:-a3c57}
 HPCRL_DEFAULT_CONFIG=configs/a3c_paper.toml
 HPCRL_DEFAULT_NTASKS=20    # keep equal to the --ntasks line above (used by dry runs only)
 

@@ -22,6 +22,10 @@
 #                   exists, else python3 on PATH)
 #   HPCRL_CONFIG    config file, relative to HPCRL_ROOT or absolute (default: per script)
 #   HPCRL_SEED      seed (default 0)
+#   HPCRL_GAMES     game set of the array (a set of `python -m hpcrl.games`: gorila49, a3c57,
+#                   atari5, atari3, atari10; default: per script). atari5 with --array=0-4
+#                   runs the five games whose scores estimate the 57-game median
+#                   (python -m hpcrl.analyze RESULTS --atari5)
 #   HPCRL_SEEDS     seeds per game: array index i runs game i % n with seed HPCRL_SEED + i / n,
 #                   so --array=0-146 runs the 49 Gorila games x 3 seeds (default: one seed)
 #   HPCRL_RESULTS   results root (default: results, relative to HPCRL_ROOT)

@@ -14,6 +14,7 @@
 # bundles, configs/gorila_paper.toml). Submit from the repository root:
 #
 #   sbatch slurm/gorila_49games.sh                                  # all 49 games
+#   HPCRL_GAMES=atari5 sbatch --array=0-4 slurm/gorila_49games.sh   # the 5 games of Atari-5
 #   sbatch --array=32 slurm/gorila_49games.sh --set total_frames=200000000   # pong only
 #   sbatch --ntasks=2 --overcommit --array=0-2 slurm/gorila_49games.sh --set n_ps=1 ...
 #
@@ -44,7 +45,7 @@
 # scancel (SIGTERM first) it exits 85 without requeueing.
 set -uo pipefail
 
-HPCRL_GAME_SET=gorila49
+HPCRL_GAME_SET=${HPCRL_GAMES:-gorila49}
 HPCRL_DEFAULT_CONFIG=configs/gorila_paper.toml
 HPCRL_DEFAULT_NTASKS=130   # keep equal to the --ntasks line above (used by dry runs only)
 

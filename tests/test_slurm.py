@@ -105,6 +105,17 @@ def test_seeds_per_game_pick_game_and_seed_from_the_index(tmp_path):
     assert proc.returncode == 2 and "out of range for gorila49 with 3 seeds" in proc.stderr
 
 
+def test_hpcrl_games_runs_another_set_with_the_same_script(tmp_path):
+    """HPCRL_GAMES=atari5 (sbatch --array=0-4): index 4 is qbert, the fifth Atari-5 game; an
+    index past the set is refused with its range."""
+    proc = _dry_run("slurm/a3c_57games.sh", 4, HPCRL_RESULTS=str(tmp_path), HPCRL_GAMES="atari5")
+    assert proc.returncode == 0, proc.stderr
+    assert "game qbert (set atari5, index 4)" in proc.stderr
+    assert f"run dir {tmp_path}/a3c/qbert/seed-0" in proc.stdout
+    proc = _dry_run("slurm/gorila_49games.sh", 5, HPCRL_GAMES="atari5")
+    assert proc.returncode == 2 and "out of range for atari5 (0..4)" in proc.stderr
+
+
 # The scripts' own signal, exit-status and requeue functions, with a launcher that exits as
 # hpcrl.run does and a stand-in `scontrol` that records the requeue.
 _STOP_HARNESS = r"""

@@ -9,7 +9,9 @@ one; until then the mean of the last N periodic evaluation episodes; training ep
 
     HNS = (agent - random) / (human - random)             (Mnih et al. 2015; Nair et al. 2015)
 
-and the published per-game scores of the columns asked for with `--compare`. The summary gives
+and the published per-game scores of the columns asked for with `--compare`. With `--atari5`
+it also estimates the 57-game median HNS from the five games of Atari-5 (Aitchison et al.
+2023; :mod:`hpcrl.tools.atari5`), for runs of only those games. The summary gives
 mean and median HNS over the games present and, for each compared column, the column's mean and
 median restricted to the same games: a 3-game run is never compared with a 57-game mean.
 
@@ -39,8 +41,15 @@ import time
 from collections.abc import Sequence
 
 # used by main, or re-exported: tests and users import these names from hpcrl.tools.analyze
+from hpcrl.tools.atari5 import WEIGHTS as ATARI_SUBSETS
 from hpcrl.tools.plots import X_AXES, _curve, learning_curve, plot_report, rolling_mean
-from hpcrl.tools.report import aggregate_rows, build_report, format_report, milestone_table
+from hpcrl.tools.report import (
+    aggregate_rows,
+    build_report,
+    format_report,
+    milestone_table,
+    subset_rows,
+)
 from hpcrl.tools.runs import (
     DEFAULT_STALE_AFTER_S,
     METRICS_FILE,
@@ -100,7 +109,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="IQM, median, mean and optimality gap of HNS over games and seeds, each "
                         "with a 95%% stratified-bootstrap interval (Agarwal et al. 2021)")
     p.add_argument("--reps", type=int, default=10_000, metavar="N",
-                   help="--stats: bootstrap resamples (default 10000)")
+                   help="--stats, --atari5: bootstrap resamples (default 10000)")
+    p.add_argument("--atari5", nargs="?", const="atari5", default=None, metavar="SUBSET",
+                   help="estimate the 57-game median HNS from the Atari-5 games (Aitchison et "
+                        "al. 2023), with a bootstrap interval over seeds; SUBSET: "
+                        + ", ".join(ATARI_SUBSETS) + " (default atari5)")
     p.add_argument("--milestones", metavar="R[,R...]", default="",
                    help="also print, per run, the frames and minutes until the mean return of 20 "
                         "episodes first reached each return R, e.g. --milestones=-15,0,10,18 for "
@@ -112,6 +125,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--last must be >= 1")
     if args.reps < 1:
         p.error("--reps must be >= 1")
+    if args.atari5 is not None and args.atari5 not in ATARI_SUBSETS:
+        p.error(f"--atari5 takes one of {', '.join(ATARI_SUBSETS)}, not {args.atari5!r}")
     args.columns = [c.strip() for c in args.compare.split(",") if c.strip()]
     try:
         args.milestones = [float(x) for x in args.milestones.split(",") if x.strip()]
@@ -148,6 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.format == "csv":
             print("hpcrl.analyze: --stats: the csv format holds the per-game table only; "
                   "use --format json for the aggregates", file=sys.stderr)
+    if args.atari5:
+        report["subset"] = subset_rows(report["games"], args.atari5, args.reps)
+        if args.format == "csv":
+            print(f"hpcrl.analyze: --atari5: the csv format holds the per-game table only; "
+                  "use --format json for the estimate", file=sys.stderr)
     sys.stdout.write(format_report(report, args.format))
     if args.milestones:
         sys.stdout.write("\n" + milestone_table(runs, args.milestones) + "\n")

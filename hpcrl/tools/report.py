@@ -128,6 +128,30 @@ def aggregate_rows(rows: Sequence[dict], reps: int, seed: int = 0) -> list[dict]
     return out
 
 
+def subset_rows(rows: Sequence[dict], subset: str, reps: int, seed: int = 0) -> list[dict]:
+    """Per algorithm: the Atari-5 (or -3 / -10) estimate of the 57-game median HNS with its
+    bootstrap interval over seeds (:mod:`hpcrl.tools.atari5`), the subset games' HNS, the games
+    still missing, and, where the algorithm has 49 or more games, their directly computed
+    median beside it."""
+    from hpcrl.tools import atari5
+
+    weights = atari5.subset_weights(subset)
+    out = []
+    for algo in sorted({r["algo"] for r in rows}):
+        scores = hns_by_game(rows, algo)
+        entry = dict(algo=algo, subset=subset, reps=reps,
+                     hns={g: float(np.mean(scores[g])) if g in scores else math.nan
+                          for g in weights},
+                     missing=[g for g in weights if g not in scores], estimate=None,
+                     num_games=len(scores), direct_median=math.nan)
+        if not entry["missing"]:
+            entry["estimate"] = atari5.estimate_interval(scores, subset, reps=reps, seed=seed)
+        if len(scores) >= 49:
+            entry["direct_median"] = float(np.median([np.mean(v) for v in scores.values()]))
+        out.append(entry)
+    return out
+
+
 def build_report(runs: Sequence[RunResult], protocol: str, columns: Sequence[str],
                  last_n: int) -> dict:
     """Everything the formatters print: settings, per-game rows, summaries, run list."""
@@ -247,6 +271,20 @@ def aggregate_table(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def subset_table(report: dict) -> tuple[list[str], list[list[str]]]:
+    subset = report["subset"][0]["subset"]
+    games = list(report["subset"][0]["hns"])
+    header = ["algo"] + games + [f"{subset} est. median57", "games", "median (direct)"]
+    body = []
+    for a in report["subset"]:
+        est = a["estimate"]
+        est_text = (f"{_pct(est['value'])} [{_pct(est['low'])}, {_pct(est['high'])}]" if est
+                    else "missing " + ", ".join(a["missing"]))
+        body.append([a["algo"]] + [_pct(a["hns"][g]) for g in games]
+                    + [est_text, str(a["num_games"]), _pct(a["direct_median"])])
+    return header, body
+
+
 def milestone_table(runs: Sequence[RunResult], thresholds: Sequence[float],
                     window: int = 20) -> str:
     """Markdown: per run, M frames and minutes until the mean return of ``window`` episodes
@@ -301,6 +339,18 @@ def _notes(report: dict) -> list[str]:
                      f"per-game means; optimality gap: 1 - mean(min(HNS, 1)); [95 % stratified "
                      f"bootstrap interval over seeds, {report['aggregates'][0]['reps']:,} "
                      f"resamples] (Agarwal et al. 2021)")
+    if report.get("subset"):
+        from hpcrl.tools.atari5 import RELATIVE_ERROR
+
+        a = report["subset"][0]
+        err = RELATIVE_ERROR.get(a["subset"])
+        notes.append(f"{a['subset']}: 57-game median HNS estimated from the subset's games, "
+                     f"log10(1 + median) = sum w_g log10(1 + max(HNS_g, 0)), HNS in percent "
+                     f"(Aitchison et al. 2023"
+                     + (f"; about {100 * err:.0f} % relative error" if err else "")
+                     + f"); [95 % stratified bootstrap interval over seeds, {a['reps']:,} "
+                     f"resamples]; direct median: over all of an algorithm's games, shown with "
+                     f"49 or more")
     return notes
 
 
@@ -316,6 +366,8 @@ def format_report(report: dict, fmt: str) -> str:
         parts += ["", table(*comparison_table(report))]
     if report.get("aggregates"):
         parts += ["", table(*aggregate_table(report))]
+    if report.get("subset"):
+        parts += ["", table(*subset_table(report))]
     bullet = "" if fmt == "text" else "- "
     parts += [""] + [bullet + n for n in _notes(report)]
     return "\n".join(parts) + "\n"
