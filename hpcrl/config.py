@@ -143,6 +143,9 @@ class Config:
     mlp_hidden: int = _f(64, "hidden units per layer of MLP networks (classic control)", lo=1)
     init: str = _f("torch", "A3C network initialisation: torch (its defaults) | orthogonal "
                    "(gain sqrt 2, zero biases, policy head 0.01)", choices=("torch", "orthogonal"))
+    lstm_init: str = _f("torch", "A3C LSTM cell initialisation: torch (its defaults, the forget "
+                        "gate near 0.5) | orthogonal (orthogonal gate blocks, zero biases, "
+                        "forget-gate bias 1)", choices=("torch", "orthogonal"))
 
     # --- asynchronous methods (Mnih et al. 2016) ---------------------------------------------
     t_max: int = _f(5, "rollout length in agent steps (n-step Q, A3C) / I_AsyncUpdate", lo=1)
@@ -302,6 +305,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
         raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
                           f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")
+    if cfg.lstm_init != "torch" and not (cfg.algo == "a3c" and cfg.lstm):
+        raise ConfigError(f"{origin}: key 'lstm_init' = '{cfg.lstm_init}' applies to A3C LSTM "
+                          f"only (algo 'a3c' with lstm = true); remove it")
     if cfg.init != "torch" and cfg.algo != "a3c":
         raise ConfigError(f"{origin}: key 'init' = '{cfg.init}' applies to algo 'a3c' only "
                           f"(got '{cfg.algo}'); remove it")

@@ -181,3 +181,26 @@ def test_orthogonal_init_by_layer():
     assert default.policy_head.bias.detach().any()        # torch's U(+-1/sqrt(fan_in)) biases
     with pytest.raises(ValueError, match="unknown init 'xavier'"):
         build_actor_critic((4,), 2, lstm=False, init="xavier")
+
+
+def test_orthogonal_lstm_init_gate_by_gate():
+    """lstm_init="orthogonal": each of the four gate blocks of both weight matrices is
+    orthogonal (256x256 recurrent blocks: W W^T = I; 256x256 input blocks of the A3C torso's
+    256 features: W W^T = I), biases 0 but the forget gate's 1 (its sigmoid starts at 0.73, not
+    0.5); the torso keeps its own init; the default keeps torch's LSTM init."""
+    torch.manual_seed(0)
+    net = build_actor_critic((4, 84, 84), 6, lstm=True, init="orthogonal", lstm_init="orthogonal")
+    cell, h = net.lstm, 256
+    for weight in (cell.weight_ih, cell.weight_hh):
+        assert weight.shape == (4 * h, 256)
+        for gate in range(4):
+            w = weight.detach()[gate * h:(gate + 1) * h].double()
+            np.testing.assert_allclose(w @ w.T, np.eye(h), atol=1e-5)
+    bias = (cell.bias_ih + cell.bias_hh).detach()
+    assert torch.equal(bias[h:2 * h], torch.ones(h))
+    assert not bias[:h].any() and not bias[2 * h:].any()
+    assert not net.value_head.bias.detach().any()           # init="orthogonal" still applied
+    default = build_actor_critic((4, 84, 84), 6, lstm=True, init="orthogonal")
+    assert default.lstm.bias_hh.detach().any()              # torch's U(+-1/16) biases
+    with pytest.raises(ValueError, match="unknown lstm_init 'xavier'"):
+        build_actor_critic((4,), 2, lstm=True, lstm_init="xavier")
