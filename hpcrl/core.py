@@ -101,6 +101,13 @@ class LearnerStats:
         updates: gradients handed to the store.
         dropped_outlier: gradients dropped by Gorila's loss-outlier rule.
         dropped_nonfinite: gradients dropped because their loss or norm was NaN/inf.
+        grad_norm_sum, grad_norm_count: summed global L2 norm of the gradients before any
+            clipping, and how many were measured.
+        grad_clipped: gradients whose norm was clipped (``grad_clip_norm``).
+        entropy_sum: A3C: summed mean policy entropy per agent step (nats) of each loss
+            (a policy collapsing to one action takes it towards 0); ``loss_count`` divides it.
+        max_q_sum: value methods: summed mean max_a Q(s, a) over each loss's states (values
+            running away upwards or downwards); ``loss_count`` divides it.
     """
 
     loss_sum: float = 0.0
@@ -108,21 +115,42 @@ class LearnerStats:
     updates: int = 0
     dropped_outlier: int = 0
     dropped_nonfinite: int = 0
+    grad_norm_sum: float = 0.0
+    grad_norm_count: int = 0
+    grad_clipped: int = 0
+    entropy_sum: float = 0.0
+    max_q_sum: float = 0.0
+
+    def add_loss(self, loss: float, health: float, algo: str) -> None:
+        """One loss, with its health figure: the policy entropy per step (``algo`` "a3c") or
+        the mean max Q (the value methods)."""
+        self.loss_sum += loss
+        self.loss_count += 1
+        if algo == "a3c":
+            self.entropy_sum += health
+        else:
+            self.max_q_sum += health
+
+    def add_gradient(self, norm: float, clipped: bool) -> None:
+        """One gradient's global norm before clipping, and whether it was clipped."""
+        self.grad_norm_sum += norm
+        self.grad_norm_count += 1
+        self.grad_clipped += bool(clipped)
 
     def as_row(self) -> np.ndarray:
-        """float64 [5] in field order (the message to rank 0)."""
+        """float64 [len(STATS_FIELDS)] in field order (the message to rank 0)."""
         return np.array([getattr(self, f.name) for f in fields(self)], np.float64)
 
     def get_state(self) -> dict:
-        return {"loss_sum": np.float64(self.loss_sum),
-                **{f.name: np.int64(getattr(self, f.name)) for f in fields(self)[1:]}}
+        return {f.name: (np.float64 if f.type in (float, "float") else np.int64)(
+            getattr(self, f.name)) for f in fields(self)}
 
     def set_state(self, state: dict) -> None:
-        """Counters a checkpoint lacks (the asynchronous learners kept no outlier count before
-        LearnerStats) start at 0."""
-        self.loss_sum = float(state["loss_sum"])
-        for f in fields(self)[1:]:
-            setattr(self, f.name, int(state.get(f.name, 0)))
+        """Counters a checkpoint lacks (older checkpoints: the health sums; the asynchronous
+        learners kept no outlier count before LearnerStats) start at 0."""
+        for f in fields(self):
+            kind = float if f.type in (float, "float") else int
+            setattr(self, f.name, kind(state.get(f.name, 0)))
 
 
 #: Field names of a `LearnerStats` row, in order.

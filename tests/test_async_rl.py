@@ -256,6 +256,16 @@ def test_short_run_under_mpi(algo, extra, tmp_path):
     assert len(episodes["return"]) > 10
     assert m["train"]["frames"][-1] >= 3000             # the whole budget was used
     assert (episodes["return"] >= 8).all()              # CartPole returns are >= 8 steps
+    train = m["train"]
+    measured = np.isfinite(train["grad_norm"])
+    assert measured.any() and (train["grad_norm"][measured] > 0).all()
+    clipped = train["clipped_fraction"][measured]
+    assert ((clipped >= 0) & (clipped <= 1)).all()
+    health, other = ("entropy", "max_q") if algo == "a3c" else ("max_q", "entropy")
+    assert np.isfinite(train[health][measured]).all() and np.isnan(train[other]).all()
+    if algo == "a3c":                                   # two actions: at most log 2 nats
+        assert ((train["entropy"][measured] > 0) & (train["entropy"][measured] <= np.log(2)
+                                                    + 1e-6)).all()
 
 
 # ------------------------------------------------------------------------------ phase timing

@@ -39,6 +39,28 @@ def assert_pong_metrics(m, algo, total_frames):
                 "frames_per_second"):
         assert col in m["train"]
     assert m["train"]["frames"][-1] >= total_frames
+    assert_health_columns(m["train"], algo)
+
+
+def assert_health_columns(train, algo):
+    """The network-health columns of the train rows: where a gradient was measured, its norm
+    and the share clipped; where a loss was, the policy entropy (A3C: in (0, log 18]) or the
+    mean max Q (value methods), the other NaN. (A 20 k-frame Gorila smoke never fills its
+    replay memories to learning: all NaN then.)"""
+    measured = np.isfinite(train["grad_norm"])
+    assert (train["grad_norm"][measured] > 0).all()
+    clipped = train["clipped_fraction"][measured]
+    assert ((clipped >= 0) & (clipped <= 1)).all()
+    losses = np.isfinite(train["loss"])
+    health, other = ("entropy", "max_q") if algo == "a3c" else ("max_q", "entropy")
+    np.testing.assert_array_equal(np.isfinite(train[health]), losses)
+    assert np.isnan(train[other]).all()
+    if algo == "a3c":
+        assert measured.any()
+        assert ((train["entropy"][losses] > 0) & (train["entropy"][losses] <= np.log(18) + 1e-6)
+                ).all()
+    else:
+        assert (clipped == 0).all()                     # Gorila clips no gradient
 
 
 #: Final evaluation episodes of the Pong smoke runs: one per evaluating rank (30 untrained

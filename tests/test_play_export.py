@@ -242,8 +242,9 @@ def _metrics_file(path, episodes, train):
 EPISODES = [dict(frames=100 * i, **{"return": -21.0 + i}, length=90 + i, rank=1,
                  wall_time=0.5 * i) for i in range(1, 6)]
 TRAIN = [dict(frames=200 * i, updates=10 * i, loss=1.0 / i, dropped_stale=i, dropped_outlier=0,
-              dropped_nonfinite=0, frames_per_second=1000.0 + i, wall_time=float(i))
-         for i in range(1, 4)]
+              dropped_nonfinite=0, frames_per_second=1000.0 + i, wall_time=float(i),
+              grad_norm=2.0 * i, clipped_fraction=0.25, entropy=1.5 - 0.5 * i)
+         for i in range(1, 4)]                  # max_q left out: NaN, as for A3C
 
 
 def test_tensorboard_scalars_equal_the_hdf5_values_and_a_second_pass_adds_only_new_rows(
@@ -257,8 +258,12 @@ def test_tensorboard_scalars_equal_the_hdf5_values_and_a_second_pass_adds_only_n
     assert scalars["episodes/length"] == [(100 * i, 90 + i) for i in range(1, 6)]
     assert scalars["train/loss"] == [(200 * i, np.float32(1.0 / i)) for i in range(1, 4)]
     assert scalars["train/dropped_stale"] == [(200 * i, i) for i in range(1, 4)]
+    assert scalars["train/entropy"] == [(200 * i, 1.5 - 0.5 * i) for i in range(1, 4)]
+    assert scalars["train/grad_norm"] == [(200 * i, 2.0 * i) for i in range(1, 4)]
+    # every train column but the axes, and max_q, NaN for every row (it does not apply): no
+    # points rather than NaN points
     assert {t.split("/")[1] for t in scalars if t.startswith("train/")} == set(
-        COLUMNS["train"]) - {"frames", "wall_time"}
+        COLUMNS["train"]) - {"frames", "wall_time", "max_q"}
 
 
 def test_tensorboard_follow_ends_when_the_run_is_no_longer_running(tmp_path):
@@ -316,4 +321,4 @@ def test_csv_holds_every_column_exactly(tmp_path):
         assert rows[0] == list(COLUMNS[group])
         for j, name in enumerate(rows[0]):
             col = np.array([float(r[j]) for r in rows[1:]])
-            assert np.array_equal(col, metrics[group][name].astype(float))
+            assert np.array_equal(col, metrics[group][name].astype(float), equal_nan=True)

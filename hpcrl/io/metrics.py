@@ -14,13 +14,15 @@ Schema (other modules and the analysis depend on it):
     /eval/<column>         1-D, one row per periodic evaluation episode (same columns)
     /final/<column>        1-D, one row per episode of the final evaluation of the final
                            weights (same columns; schema 2; empty until the run ends)
-    /train/<column>        1-D, one row per progress report, counters cumulative
+    /train/<column>        1-D, one row per progress report, counters cumulative, and the
+                           network's health since the previous report (schema 3)
     /status/state          scalar S16: running | finished | failed | preempted
     /status/heartbeat_unix scalar float64: time.time() at the last flush
     /status/committed_rows int64[4]: rows of (episodes, eval, train, final) that are complete
 
-Schema 1 files (no `final` group, three row counts) read with an empty `final` group, and a
-resume rewrites them as schema 2.
+Schema 1 files (no `final` group, three row counts) read with an empty `final` group, schema
+1 and 2 files without the health columns of `train` with those columns NaN; a resume rewrites
+them as schema 3.
 
 Why the status lives in datasets, not attributes: HDF5's SWMR documentation lists creating or
 modifying attributes among the operations a SWMR writer may not do (readers get no consistency
@@ -75,7 +77,7 @@ import numpy as np
 
 from hpcrl.io.files import check_space, fsync_dir, h5_os_error
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _EPISODE_COLUMNS = {
     "frames": np.int64,  # global env frames at the end of the episode
@@ -98,8 +100,16 @@ COLUMNS: dict[str, dict[str, type]] = {
         "dropped_nonfinite": np.int64,  # cumulative gradients dropped as NaN/inf
         "frames_per_second": np.float64,  # env frames per second since the previous report
         "wall_time": np.float64,  # seconds since the run started (summed over restarts)
+        # network health since the previous report (schema 3; NaN in older files and where a
+        # figure does not apply):
+        "grad_norm": np.float64,  # mean global gradient norm before clipping
+        "clipped_fraction": np.float64,  # share of gradients clipped (grad_clip_norm)
+        "entropy": np.float64,  # A3C: mean policy entropy per agent step, nats
+        "max_q": np.float64,  # value methods: mean max_a Q(s, a) over the learners' states
     },
 }
+#: columns a file of an older schema may lack: read as NaN
+_ADDED_COLUMNS = {"train": ("grad_norm", "clipped_fraction", "entropy", "max_q")}
 GROUPS: tuple[str, ...] = ("episodes", "eval", "train", "final")
 STATUSES: tuple[str, ...] = ("running", "finished", "failed", "preempted")
 REQUIRED_ATTRS: tuple[str, ...] = ("algo", "game", "seed", "config")
@@ -232,12 +242,14 @@ def _read_open_file(f: h5py.File) -> dict[str, Any]:
             out[group] = _empty_columns(group)
             continue
         num_rows = committed[i]
-        datasets = {name: f[group][name] for name in COLUMNS[group]}
+        datasets = {name: f[group][name] for name in COLUMNS[group]
+                    if name in f[group] or name not in _ADDED_COLUMNS.get(group, ())}
         # A column shorter than committed_rows means a damaged file: cut all to the shortest.
         num_rows = min([int(num_rows)] + [ds.shape[0] for ds in datasets.values()])
         out[group] = {
-            name: np.asarray(ds[:num_rows], dtype=COLUMNS[group][name])
-            for name, ds in datasets.items()
+            name: (np.asarray(datasets[name][:num_rows], dtype=dtype) if name in datasets
+                   else np.full(num_rows, np.nan, dtype))
+            for name, dtype in COLUMNS[group].items()
         }
     return out
 
@@ -282,6 +294,7 @@ def _chunk_bytes(chunk: Mapping[str, np.ndarray]) -> int:
 
 def _normalise_columns(group: str, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Checks names and lengths; scalars are repeated over the rows (one row if all are).
+    The health columns of ``train`` may be left out (NaN: not measured).
 
     `return_` is accepted for `return`, which Python cannot take as a keyword argument.
     """
@@ -293,9 +306,11 @@ def _normalise_columns(group: str, columns: Mapping[str, Any]) -> dict[str, np.n
     if unknown:
         raise ValueError(
             f"unknown columns {unknown} for group {group!r}; expected {list(expected)}")
-    missing = sorted(set(expected) - set(columns) - {"wall_time"})
+    optional = {"wall_time", *_ADDED_COLUMNS.get(group, ())}
+    missing = sorted(set(expected) - set(columns) - optional)
     if missing:
         raise ValueError(f"missing columns {missing} for group {group!r}")
+    columns.update({k: np.nan for k in _ADDED_COLUMNS.get(group, ()) if k not in columns})
     arrays = {k: np.asarray(v) for k, v in columns.items()}
     shapes = {k: a.shape for k, a in arrays.items()}
     lengths = {a.shape[0] for a in arrays.values() if a.ndim == 1}

@@ -37,6 +37,63 @@ def early_stop_reason(train_returns: list[float], eval_returns: list[float],
             f"{np.mean(returns[-window:]):.1f} >= {threshold}")
 
 
+def interval_means(before: dict, now: dict, algo: str) -> dict[str, float]:
+    """The ``train`` row's means since the previous report, from the learners' summed
+    counters (:class:`hpcrl.core.LearnerStats`) then and now: loss, grad_norm,
+    clipped_fraction and entropy (A3C) or max_q (value methods); NaN without a gradient in
+    between, and for the figure that does not apply."""
+    def per(total: str, count: str) -> float:
+        n = now[count] - before[count]
+        return (now[total] - before[total]) / n if n else float("nan")
+
+    nan = float("nan")
+    return {"loss": per("loss_sum", "loss_count"),
+            "grad_norm": per("grad_norm_sum", "grad_norm_count"),
+            "clipped_fraction": per("grad_clipped", "grad_norm_count"),
+            "entropy": per("entropy_sum", "loss_count") if algo == "a3c" else nan,
+            "max_q": per("max_q_sum", "loss_count") if algo != "a3c" else nan}
+
+
+class CollapseWatch:
+    """Says when a run that learned is losing it: the mean of the last ``window`` training
+    returns falls back to halfway between the first window's mean and the best one so far,
+    after the best had risen clearly (more than twice the spread of its own window) above the
+    first. Once per fall: it re-arms when the mean is back at three quarters of the way.
+
+    Why: an A3C Pong run fell from +17 to -20 for 13 episodes and recovered, and runs whose
+    units die keep training at -21 for days; neither said anything while it happened.
+    """
+
+    def __init__(self, window: int = EARLY_STOP_WINDOW):
+        self.window = window
+        self.first: float | None = None
+        self.best, self.best_spread = -np.inf, 0.0
+        self.armed = True
+
+    def update(self, returns: list[float]) -> str | None:
+        """The warning's text when the fall happens now, else None."""
+        if len(returns) < self.window:
+            return None
+        recent = np.asarray(returns[-self.window:], np.float64)
+        mean = float(recent.mean())
+        if self.first is None:
+            self.first = mean
+        if mean > self.best:
+            self.best, self.best_spread = mean, float(recent.std())
+        gain = self.best - self.first
+        if gain <= 2 * self.best_spread:
+            return None
+        if self.armed and mean <= self.first + gain / 2:
+            self.armed = False
+            return (f"the mean return of the last {self.window} training episodes fell to "
+                    f"{mean:.2f} from a best of {self.best:.2f} (first {self.window}: "
+                    f"{self.first:.2f}): the run may be losing what it learned; see the train "
+                    "rows' grad_norm and entropy/max_q and python -m hpcrl.diagnose RUN_DIR")
+        if not self.armed and mean >= self.first + 0.75 * gain:
+            self.armed = True
+        return None
+
+
 def progress_text(frames: int, total_frames: int, frames_since_start: int,
                   seconds_since_start: float) -> str:
     """The share of the frame budget done and the time left at this start's average rate,
@@ -85,7 +142,8 @@ class Reporter:
         self.markers = 0
         self.resume_frames = resume_frames or 0
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
-        self.loss_at_report = (0.0, 0.0)
+        self.stats_at_report = dict.fromkeys(STATS_FIELDS, 0.0)
+        self.collapse = CollapseWatch()
         self.returns: list[float] = []
         self.eval_returns: list[float] = []
         self.final_rows: list[tuple[float, float]] = []     # (return, length) of each
@@ -146,19 +204,20 @@ class Reporter:
         c = self.store.counters()
         total = np.sum(list(self.stats.values()), axis=0)
         s = dict(zip(STATS_FIELDS, total))
-        d_loss = s["loss_sum"] - self.loss_at_report[0]
-        d_n = s["loss_count"] - self.loss_at_report[1]
-        self.loss_at_report = (s["loss_sum"], s["loss_count"])
+        means = interval_means(self.stats_at_report, s, self.cfg.algo)
+        self.stats_at_report = s
         t_prev, f_prev = self.last_report
         fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
         self.last_report = (now, c["frames"])
-        loss = d_loss / d_n if d_n else float("nan")
-        self.writer.append("train", frames=c["frames"], updates=c["applied"], loss=loss,
+        self.writer.append("train", frames=c["frames"], updates=c["applied"],
                            dropped_stale=c["dropped_stale"],
                            dropped_outlier=int(s["dropped_outlier"]),
                            dropped_nonfinite=c["dropped_nonfinite"] + int(s["dropped_nonfinite"]),
-                           frames_per_second=fps)      # wall_time: the file's clock
+                           frames_per_second=fps, **means)      # wall_time: the file's clock
         self.flush()
+        fell = self.collapse.update(self.returns)
+        if fell:
+            print(f"hpcrl: warning: {fell}", flush=True)
         recent = np.mean(self.returns[-20:]) if self.returns else float("nan")
         evals = (f"eval(last 20) {np.mean(self.eval_returns[-20:]):8.2f} | "
                  if self.eval_returns else "")

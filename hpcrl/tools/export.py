@@ -11,8 +11,10 @@ back with ``torch.load(weights_only=True)``. Default output: ``RUN_DIR/policy.pt
 
 ``tensorboard`` writes the ``episodes``, ``eval``, ``train`` and ``final`` groups of
 ``metrics.h5`` as scalars against global env frames (``episodes/return``, ``train/loss``,
-``train/frames_per_second``, ``train/dropped_stale``, ``final/return`` per episode of the
-final evaluation and ``final/mean_return``, ...) into ``RUN_DIR/tensorboard``, with
+``train/frames_per_second``, ``train/dropped_stale``, the health figures ``train/grad_norm``,
+``train/clipped_fraction`` and ``train/entropy`` (A3C) or ``train/max_q`` (value methods),
+``final/return`` per episode of the final evaluation and ``final/mean_return``, ...) into
+``RUN_DIR/tensorboard``, with
 the standard library only (:mod:`hpcrl.io.tbevents`: no torch, TensorFlow or protobuf, so it
 starts in a second on a login node). It reads a live run safely (SWMR); ``--follow`` keeps appending new rows every ``--every`` seconds until the run is
 no longer ``running`` (or its heartbeat is 10 minutes old). Each export replaces the event files
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 import time
 from pathlib import Path
@@ -56,6 +59,9 @@ def write_csv(metrics: dict, out_dir: Path) -> list[Path]:
 
 #: Scalars per group: every column but the x-axis and the bookkeeping ones.
 NOT_SCALARS = {"frames", "wall_time", "rank"}
+#: train columns that are NaN where they do not apply (max_q of A3C, entropy of the value
+#: methods, all of them in files older than schema 3): such points are left out
+HEALTH_TAGS = {"grad_norm", "clipped_fraction", "entropy", "max_q"}
 
 
 def scalar_tags(group: str) -> list[str]:
@@ -80,7 +86,9 @@ class TensorBoardExport:
             for i in range(first, n):
                 step, wall = int(cols["frames"][i]), start + float(cols["wall_time"][i])
                 for tag in scalar_tags(group):
-                    self.writer.add_scalar(f"{group}/{tag}", float(cols[tag][i]), step, wall)
+                    value = float(cols[tag][i])
+                    if math.isfinite(value) or tag not in HEALTH_TAGS:  # NaN: does not apply
+                        self.writer.add_scalar(f"{group}/{tag}", value, step, wall)
             new += max(0, n - first)
             self.rows[group] = n
             if group == "final" and n > first:      # the final evaluation's score, one point

@@ -128,6 +128,7 @@ class AsyncLearner:
         self.layout = ParamLayout.from_module(net)
         self.stats = LearnerStats()
         self.sq_norm = 0.0
+        self._health = 0.0        # the last loss's entropy (A3C) or mean max Q (value methods)
 
     def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
         """The rollout's loss: summed over its t_max steps, averaged over its N environments.
@@ -147,12 +148,14 @@ class AsyncLearner:
             loss = a3c_gaussian_loss if rollout.a_tm1.ndim == 3 else a3c_loss
             out = loss(logits, values, torch.from_numpy(rollout.a_tm1),
                        torch.from_numpy(returns), self.cfg.entropy_beta, self.cfg.value_coef)
+            self._health = float(out["entropy"].detach()) / (T * N)   # per agent step
             return out["total"] / N
         with torch.no_grad():
             q_t = self.target(torch.from_numpy(flat_batch(rollout.s_t))).numpy()
         y = value_targets(self.cfg.algo, rollout.r_t, rollout.discount_t, rollout.end_t,
                           rollout.a_tm1, q_t.reshape(T, N, -1), self.cfg.gamma, a_next)
         q_tm1 = self.net(torch.from_numpy(flat_batch(rollout.s_tm1)))
+        self._health = float(q_tm1.detach().max(dim=-1).values.mean())
         td = td_error(q_tm1, torch.from_numpy(rollout.a_tm1.reshape(-1)), y.reshape(-1))
         return dqn_loss(td, self.cfg.loss, reduction="sum") / N
 
@@ -177,10 +180,11 @@ class AsyncLearner:
         if not np.isfinite(norm):
             self.stats.dropped_nonfinite += 1
             return None
-        clipped = min(norm, self.cfg.grad_clip_norm) if self.cfg.grad_clip_norm > 0 else norm
+        clip = self.cfg.grad_clip_norm
+        clipped = min(norm, clip) if clip > 0 else norm
         self.sq_norm = clipped * clipped          # of the gradient returned; push tells the ps
-        self.stats.loss_sum += value
-        self.stats.loss_count += 1
+        self.stats.add_loss(value, self._health, self.cfg.algo)
+        self.stats.add_gradient(norm, clipped=clip > 0 and norm > clip)
         self.stats.updates += 1
         return grad
 

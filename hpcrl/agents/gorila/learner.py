@@ -63,8 +63,7 @@ class GorilaLearner:
         if not np.isfinite(value):
             stats.dropped_nonfinite += 1
             return None
-        stats.loss_sum += value
-        stats.loss_count += 1
+        stats.add_loss(value, float(q_tm1.detach().max(dim=-1).values.float().mean()), "gorila")
         if self.outliers is not None and not self.outliers.accept(value):
             stats.dropped_outlier += 1
             return None
@@ -73,5 +72,7 @@ class GorilaLearner:
         if not np.isfinite(self.grad.sum(dtype=np.float64)):
             stats.dropped_nonfinite += 1
             return None
+        # Gorila clips no gradient: the norm is for the train rows only (float32 BLAS dot)
+        stats.add_gradient(float(np.sqrt(np.dot(self.grad, self.grad))), clipped=False)
         stats.updates += 1
         return self.grad

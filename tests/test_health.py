@@ -1,0 +1,109 @@
+"""Network health in the train rows: the learners' counters, the reporter's interval means,
+the collapse warning, and metrics files of older schemas (real runs: tests/test_async_rl.py
+and tests/test_gorila.py assert the columns of real jobs)."""
+
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcrl.core import STATS_FIELDS, LearnerStats
+from hpcrl.io.metrics import COLUMNS, MetricsWriter, read_metrics
+from hpcrl.runtime.reporter import CollapseWatch, interval_means
+
+
+def test_learner_stats_count_losses_and_gradients_and_survive_a_checkpoint():
+    s = LearnerStats()
+    s.add_loss(2.0, 0.5, "a3c")          # entropy 0.5
+    s.add_loss(4.0, 0.7, "a3c")
+    s.add_gradient(3.0, clipped=True)
+    s.add_gradient(1.0, clipped=False)
+    assert (s.loss_sum, s.loss_count, s.entropy_sum, s.max_q_sum) == (6.0, 2, 1.2, 0.0)
+    assert (s.grad_norm_sum, s.grad_norm_count, s.grad_clipped) == (4.0, 2, 1)
+    q = LearnerStats()
+    q.add_loss(1.0, 12.5, "one_step_q")  # max Q 12.5
+    assert (q.entropy_sum, q.max_q_sum) == (0.0, 12.5)
+    state = s.get_state()
+    assert state["grad_clipped"].dtype == np.int64 and state["entropy_sum"].dtype == np.float64
+    back = LearnerStats()
+    back.set_state(state)
+    assert back == s
+    np.testing.assert_array_equal(back.as_row(), s.as_row())
+    assert len(s.as_row()) == len(STATS_FIELDS)
+    old = LearnerStats()                 # a checkpoint written before the health counters
+    old.set_state({"loss_sum": np.float64(1.5), "loss_count": np.int64(3), "updates": 3})
+    assert (old.loss_sum, old.loss_count, old.updates, old.grad_norm_count) == (1.5, 3, 3, 0)
+
+
+def test_interval_means_by_hand():
+    before = dict.fromkeys(STATS_FIELDS, 0.0) | dict(loss_sum=10.0, loss_count=5,
+                                                     grad_norm_sum=6.0, grad_norm_count=3,
+                                                     grad_clipped=1, entropy_sum=4.0)
+    now = dict(before, loss_sum=16.0, loss_count=8, grad_norm_sum=14.0, grad_norm_count=7,
+               grad_clipped=2, entropy_sum=5.5, max_q_sum=9.0)
+    m = interval_means(before, now, "a3c")
+    # 3 losses summing 6, 4 gradients summing 8 norm with 1 clipped, entropy 1.5 over 3 losses
+    assert m["loss"] == 2.0 and m["grad_norm"] == 2.0 and m["clipped_fraction"] == 0.25
+    assert m["entropy"] == 0.5 and math.isnan(m["max_q"])
+    q = interval_means(before, now, "n_step_q")
+    assert q["max_q"] == 3.0 and math.isnan(q["entropy"])
+    idle = interval_means(now, now, "a3c")            # no gradient since the last report
+    assert all(math.isnan(v) for v in idle.values())
+
+
+def test_collapse_warned_once_per_fall_and_again_after_a_recovery():
+    watch = CollapseWatch(window=4)
+    returns = [-21.0] * 4                              # first window -21
+    assert watch.update(returns[:3]) is None           # not a full window yet
+    said = []
+    for r in [-21] * 4 + [17] * 4 + [-21, -21] + [-21] * 2 + [17] * 4 + [-21] * 4:
+        returns.append(float(r))
+        said.append(watch.update(returns))
+    falls = [i for i, text in enumerate(said) if text]
+    # best +17; halfway at -2: the mean of the last 4 reaches -2 once two -21s are in
+    # (17, 17, -21, -21 -> -2), again only after a recovery to 3/4 (+7.5) and a new fall
+    assert len(falls) == 2, said
+    assert "fell to -2.00 from a best of 17.00 (first 4: -21.00)" in said[falls[0]]
+    assert watch.update(returns) is None               # still down: no repeat
+
+
+def test_no_warning_for_a_run_that_never_rose_clearly():
+    watch = CollapseWatch()                            # the reporter's: 20 episodes
+    rng = np.random.default_rng(0)
+    # noise around 0 (sd 5): the best of ~2,000 window means is about 4 above the first, less
+    # than twice the spread of its window (about 10)
+    returns = list(rng.normal(0.0, 5.0, 2000))
+    assert not any(watch.update(returns[:n]) for n in range(1, 2001))
+    assert watch.best - watch.first < 2 * watch.best_spread
+
+
+def _train_row(i):
+    return dict(frames=100 * i, updates=i, loss=1.0, dropped_stale=0, dropped_outlier=0,
+                dropped_nonfinite=0, frames_per_second=10.0)
+
+
+def test_health_columns_of_older_files_read_as_nan_and_a_resume_adds_them(tmp_path):
+    path = tmp_path / "metrics.h5"
+    attrs = dict(algo="a3c", game="pong", seed=0, config="")
+    w = MetricsWriter(path, attrs)
+    w.append("train", **_train_row(1), grad_norm=2.0, entropy=1.7)   # clipped, max_q left out
+    w.close("preempted")
+    m = read_metrics(path)
+    assert m["train"]["grad_norm"].tolist() == [2.0] and m["train"]["entropy"].tolist() == [1.7]
+    assert np.isnan(m["train"]["max_q"]).all() and np.isnan(m["train"]["clipped_fraction"]).all()
+    with h5py.File(path, "r+") as f:                   # as a schema-2 file: no health columns
+        for name in ("grad_norm", "clipped_fraction", "entropy", "max_q"):
+            del f["train"][name]
+        f.attrs["schema_version"] = 2
+    m = read_metrics(path)
+    assert set(m["train"]) == set(COLUMNS["train"]) and np.isnan(m["train"]["grad_norm"]).all()
+    assert m["train"]["loss"].tolist() == [1.0]
+    w = MetricsWriter(path, attrs, resume=True)
+    w.append("train", **_train_row(2), grad_norm=3.0)
+    w.close()
+    m = read_metrics(path)
+    assert m["attrs"]["schema_version"] == 3
+    assert np.isnan(m["train"]["grad_norm"][0]) and m["train"]["grad_norm"][1] == 3.0
+    with pytest.raises(ValueError, match="missing columns"):
+        MetricsWriter(tmp_path / "m2.h5", attrs).append("train", frames=1, updates=1)
