@@ -284,7 +284,7 @@ def test_bench_scaling_prints_json():
     """A short `bench scaling` (two real A3C Pong jobs of a few seconds each): the JSON contract
     that the README's figures come from. Speed itself is the benchmark's business, not a test's."""
     proc = subprocess.run([sys.executable, "-m", "hpcrl.bench", "scaling", "--algo", "a3c",
-                           "--seconds", "4", "--warmup", "4"], cwd=ROOT,
+                           "--seconds", "2", "--warmup", "2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
