@@ -387,7 +387,7 @@ def test_plot_writes_non_blank_pngs(tree, tmp_path, capsys):
     for name in names:
         image = matplotlib.image.imread(out_dir / name)
         if name.startswith("train_"):
-            assert image.shape[:2] == (700, 700)
+            assert image.shape[:2] == (1200, 700)   # 7 x 12 inches: six panels
         elif name.startswith("curve_"):
             assert image.shape[:2] == (450, 700)  # 7 x 4.5 inches at 100 dpi
         else:
@@ -459,3 +459,13 @@ def test_milestones_on_the_command_line(tree, capsys):
     # training returns 0 x 20 then 30.5 x 30, one per 1,000 frames: the mean of 20 passes 0 at
     # the 20th episode, 30 at the 40th
     assert "| 0.02 / " in row and "| 0.04 / " in row
+
+
+def test_a3c_lstm_runs_are_their_own_agent():
+    """The papers report A3C FF and A3C LSTM as two agents: so do the tables and curves."""
+    from hpcrl.tools.runs import agent_name
+
+    assert agent_name({"algo": "a3c", "config": 'algo = "a3c"\nlstm = true\n'}) == "a3c_lstm"
+    assert agent_name({"algo": "a3c", "config": "lstm = false\n"}) == "a3c"
+    assert agent_name({"algo": "a3c", "config": "not [toml"}) == "a3c"
+    assert agent_name({"algo": "n_step_q", "config": "lstm = true\n"}) == "n_step_q"

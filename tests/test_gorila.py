@@ -150,7 +150,7 @@ def test_adagrad_warm_start_is_per_tensor_on_every_ps_shard(tmp_path):
                           "--set", "total_frames=3000", "--set", "n_ps=2",
                           "--set", f"run_dir={run_dir}"], timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    theta0, sizes = initial_network(load_config("configs/gorila_cartpole.toml"))
+    theta0, sizes, _ = initial_network(load_config("configs/gorila_cartpole.toml"))
     assert sum(sizes) == theta0.size
     root = run_dir / "checkpoints"
     gen, manifest = ckpt.latest_complete(root)

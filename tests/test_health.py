@@ -107,3 +107,46 @@ def test_health_columns_of_older_files_read_as_nan_and_a_resume_adds_them(tmp_pa
     assert np.isnan(m["train"]["grad_norm"][0]) and m["train"]["grad_norm"][1] == 3.0
     with pytest.raises(ValueError, match="missing columns"):
         MetricsWriter(tmp_path / "m2.h5", attrs).append("train", frames=1, updates=1)
+
+
+# --------------------------------------------------------------- dead units, counted live
+def test_a_shards_pieces_of_the_tensors_and_their_zero_counts_by_hand():
+    from hpcrl.runtime.params.store import health_layout, zero_counts
+
+    sizes = (4, 2, 6, 3)                         # flat: [0, 4) [4, 6) [6, 12) [12, 15)
+    assert health_layout(sizes, 0, 5) == (0, [4, 1])
+    assert health_layout(sizes, 5, 10) == (1, [1, 4])
+    assert health_layout(sizes, 12, 15) == (3, [3])
+    assert health_layout((), 0, 0) == (0, [])
+    stat = np.array([0, 1, 0, 0, 5, 0, 0, 0, 2], np.float32)        # pieces 3, 2, 4
+    assert zero_counts(stat, [3, 2, 4]).tolist() == [2, 1, 3]
+    per_client = np.array([[0, 1, 0, 0], [3, 0, 0, 0]], np.float32)  # 0 only if 0 for all
+    assert zero_counts(per_client, [2, 2]).tolist() == [0, 2]
+
+
+def test_dead_shares_are_diagnoses_fractions():
+    from hpcrl.runtime.reporter import dead_shares
+    from hpcrl.tools.diagnose import zero_fractions
+
+    tensors = (("conv.weight", 8), ("conv.bias", 4), ("fc.weight", 6), ("fc.bias", 2))
+    rng = np.random.default_rng(1)
+    stat = rng.random(20).astype(np.float32)
+    stat[[0, 1, 8, 9, 10, 18]] = 0                 # conv.weight 2, conv.bias 3, fc.bias 1
+    counts = [2, 3, 0, 1]
+    out = dead_shares(np.array(counts), tensors)
+    assert out["layers"] == {"conv.bias": 0.75, "fc.bias": 0.5}
+    assert out["dead_units"] == 0.75 and out["dead_params"] == 6 / 20
+    rows = {r["name"]: r["fraction"] for r in zero_fractions(tensors, stat)}
+    assert rows["conv.bias"] == out["layers"]["conv.bias"] and rows["all"] == out["dead_params"]
+
+
+def test_the_half_dead_warning_waits_until_a_zero_statistic_means_a_lost_gradient():
+    from hpcrl.config import Config
+    from hpcrl.runtime.reporter import dead_warn_after_updates
+
+    # v decays by 0.99 per update without a gradient: below 1.2e-38 after 87.3 / 0.01005
+    # = 8,687 updates (plus the 100 before any count)
+    assert dead_warn_after_updates(Config(optimizer="rmsprop_shared")) == 100 + 8687
+    assert dead_warn_after_updates(Config(optimizer="rmsprop_shared", rmsprop_decay=0.5)) == \
+        100 + 126                                   # 87.3 / ln 2 = 125.9
+    assert dead_warn_after_updates(Config(optimizer="adagrad")) == 100   # G never decays

@@ -106,10 +106,14 @@ COLUMNS: dict[str, dict[str, type]] = {
         "clipped_fraction": np.float64,  # share of gradients clipped (grad_clip_norm)
         "entropy": np.float64,  # A3C: mean policy entropy per agent step, nats
         "max_q": np.float64,  # value methods: mean max_a Q(s, a) over the learners' states
+        # at the report, from the ps ranks' optimiser statistics (as hpcrl.diagnose):
+        "dead_units": np.float64,  # the worst layer's share of units without a gradient
+        "dead_params": np.float64,  # share of all parameters without a gradient
     },
 }
 #: columns a file of an older schema may lack: read as NaN
-_ADDED_COLUMNS = {"train": ("grad_norm", "clipped_fraction", "entropy", "max_q")}
+_ADDED_COLUMNS = {"train": ("grad_norm", "clipped_fraction", "entropy", "max_q", "dead_units",
+                            "dead_params")}
 GROUPS: tuple[str, ...] = ("episodes", "eval", "train", "final")
 STATUSES: tuple[str, ...] = ("running", "finished", "failed", "preempted")
 REQUIRED_ATTRS: tuple[str, ...] = ("algo", "game", "seed", "config")

@@ -87,6 +87,7 @@ class Context:
     opt: object = None         # ps ranks: the shard optimiser
     hosts: list | None = None  # rank 0: every rank's host name, by rank
     provenance: dict | None = None   # rank 0: versions, MPI, git, hosts, SLURM ids
+    tensors: tuple = ()        # the network's (name, size) in the flat vector's order
     link: ClientLink = field(init=False)
 
     def __post_init__(self) -> None:

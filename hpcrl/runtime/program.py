@@ -67,9 +67,9 @@ def initial_parameters(cfg: Config):
     return initial_network(cfg)[0]
 
 
-def initial_network(cfg: Config) -> tuple[np.ndarray, list[int]]:
+def initial_network(cfg: Config) -> tuple[np.ndarray, list[int], list[str]]:
     """(theta0 as in :func:`initial_parameters`, the sizes of the network's tensors in the
-    flat vector's order)."""
+    flat vector's order, their names)."""
     import torch
 
     from hpcrl.envs import env_spec
@@ -80,7 +80,7 @@ def initial_network(cfg: Config) -> tuple[np.ndarray, list[int]]:
     net = build_network(cfg, *env_spec(cfg))
     layout = ParamLayout.from_module(net)
     ends = list(layout.offsets[1:]) + [layout.size]
-    return layout.to_flat(net), [e - o for o, e in zip(layout.offsets, ends)]
+    return layout.to_flat(net), [e - o for o, e in zip(layout.offsets, ends)], list(layout.names)
 
 
 def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int
@@ -162,8 +162,9 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
               f" {MPI.Get_library_version().splitlines()[0].strip()}, host {socket.gethostname()}",
               flush=True)
     first_client = layout.client_ranks[0]
-    theta0, tensor_sizes = initial_network(cfg) if rank == first_client else (None, None)
-    tensor_sizes = comm.bcast(tensor_sizes, root=first_client)
+    theta0, tensor_sizes, tensor_names = (initial_network(cfg) if rank == first_client
+                                          else (None, None, None))
+    tensor_sizes, tensor_names = comm.bcast((tensor_sizes, tensor_names), root=first_client)
     n_params = sum(tensor_sizes)
     found, highest_gen = find_resume(comm, run_dir, layout, n_params)
     check_metrics(comm, run_dir, found, reset_metrics)
@@ -177,7 +178,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     gen, manifest = found if found else (0, None)
     state = (load_rank_state(run_dir / "checkpoints", gen, manifest, layout, rank, n_params)
              if found else None)
-    store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks))
+    store = ParameterStore(comm, StoreSpec(n_params, layout.ps_ranks, layout.client_ranks,
+                                           tuple(tensor_sizes)))
     store.stall_s = cfg.watchdog_s + PEER_GRACE_S          # a frozen ps is named by its clients
     opt = None
     if role == Role.PS:
@@ -197,7 +199,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
                             generation_bytes, cfg.watchdog_s, cfg.checkpoint_min_mb_per_s),
                         quota_bytes=generation_bytes if cfg.checkpoint_quota_check else 0.0)
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
-                  manifest["frames"] if manifest else None, opt, hosts, origin)
+                  manifest["frames"] if manifest else None, opt, hosts, origin,
+                  tuple(zip(tensor_names, tensor_sizes)))
     watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))
     hooks.after_startup(rank)
     if role == Role.PS:

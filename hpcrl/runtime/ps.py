@@ -25,6 +25,8 @@ from hpcrl.runtime.topology import Role
 #: A file of this name in the run directory asks for a checkpoint now (rank 0 polls for it).
 CHECKPOINT_REQUEST = "checkpoint.request"
 REQUEST_POLL_S = 1.0
+#: a ps counts its zero optimiser statistics (network health) at least this often
+HEALTH_EVERY_S = 10.0
 
 
 def make_optimizer(cfg: Config, store: ParameterStore,
@@ -57,9 +59,10 @@ def run_ps(ctx: Context) -> None:
     # global agent steps, the client whose step crosses a multiple asks (request_target_refresh).
     target_every = cfg.target_update_every if cfg.target_period_in_updates() else 0
     server = ShardServer(ctx.store, ctx.opt, max_staleness=cfg.max_staleness,
-                         target_update_every=target_every)
+                         target_update_every=target_every,
+                         health_every_s=min(cfg.log_every_s, HEALTH_EVERY_S))
     reporter = (Reporter(ctx.mcomm, ctx.store, cfg, ctx.layout, ctx.run_dir, ctx.resume_frames,
-                         ctx.hosts, ctx.provenance) if ctx.rank == 0 else None)
+                         ctx.hosts, ctx.provenance, ctx.tensors) if ctx.rank == 0 else None)
     if reporter:
         ctx.coord.not_arrived = reporter.not_arrived
         ctx.coord.still_starting = reporter.still_starting

@@ -54,6 +54,40 @@ def interval_means(before: dict, now: dict, algo: str) -> dict[str, float]:
             "max_q": per("max_q_sum", "loss_count") if algo != "a3c" else nan}
 
 
+#: The ps count their zero statistics after this many applied updates: before, a statistic
+#: at 0 may just not have seen its first gradient.
+HEALTH_AFTER_UPDATES = 100
+#: ln of the smallest normal float32 (1.2e-38): the ps kernel flushes smaller values to 0
+_LN_TINY = 87.3
+#: optimisers whose statistic is 0 exactly where no gradient arrives (RMSProp's v, AdaGrad's G)
+STATISTIC_OPTIMIZERS = ("rmsprop_shared", "rmsprop_per_client", "adagrad")
+
+
+def dead_warn_after_updates(cfg: Config) -> int:
+    """Applied updates after which a statistic at 0 can be a unit that *lost* its gradient:
+    RMSProp's v decays by ``rmsprop_decay`` per update without one and reads 0 once below the
+    smallest float, after about 87.3 / -ln(decay) updates (8,700 at 0.99); AdaGrad's G never
+    decays (0 = never a gradient), so its count means the same from the start."""
+    if cfg.optimizer == "adagrad" or cfg.rmsprop_decay >= 1.0:
+        return HEALTH_AFTER_UPDATES
+    if cfg.rmsprop_decay <= 0.0:
+        return HEALTH_AFTER_UPDATES + 1
+    return HEALTH_AFTER_UPDATES + int(np.ceil(_LN_TINY / -np.log(cfg.rmsprop_decay)))
+
+
+def dead_shares(zero_counts: np.ndarray, tensors: tuple) -> dict:
+    """From per-tensor counts of zero statistics: ``dead_units``, the largest share among the
+    bias tensors (a bias without a gradient is a dead unit: the worst layer's share of dead
+    units), ``dead_params``, the share of all parameters, and ``layers``, each bias tensor's
+    share by name; as ``hpcrl.diagnose`` reads them from a checkpoint."""
+    sizes = np.array([size for _, size in tensors], np.float64)
+    shares = np.asarray(zero_counts, np.float64) / np.maximum(sizes, 1)
+    layers = {name: float(share) for (name, _), share in zip(tensors, shares) if "bias" in name}
+    return {"dead_units": max(layers.values()) if layers else np.nan,
+            "dead_params": float(np.sum(zero_counts) / max(sizes.sum(), 1)),
+            "layers": layers}
+
+
 class CollapseWatch:
     """Says when a run that learned is losing it: the mean of the last ``window`` training
     returns falls back to halfway between the first window's mean and the best one so far,
@@ -124,7 +158,8 @@ class Reporter:
 
     def __init__(self, mcomm: MPI.Comm, store: ParameterStore, cfg: Config, layout: Layout,
                  run_dir: Path, resume_frames: int | None = None,
-                 hosts: list[str] | None = None, provenance: dict | None = None):
+                 hosts: list[str] | None = None, provenance: dict | None = None,
+                 tensors: tuple = ()):
         self.mcomm, self.store, self.cfg = mcomm, store, cfg
         self.clients = layout.client_ranks
         attrs = dict(algo=cfg.algo, game=cfg.game, seed=cfg.seed, config=to_toml(cfg),
@@ -144,6 +179,9 @@ class Reporter:
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
         self.stats_at_report = dict.fromkeys(STATS_FIELDS, 0.0)
         self.collapse = CollapseWatch()
+        #: the network's (name, size) in the flat order; the layers already said half dead
+        self.tensors = tuple(tensors)
+        self.half_dead: set[str] = set()
         self.returns: list[float] = []
         self.eval_returns: list[float] = []
         self.final_rows: list[tuple[float, float]] = []     # (return, length) of each
@@ -209,15 +247,18 @@ class Reporter:
         t_prev, f_prev = self.last_report
         fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
         self.last_report = (now, c["frames"])
+        dead = self.dead_shares(c["applied"])
         self.writer.append("train", frames=c["frames"], updates=c["applied"],
                            dropped_stale=c["dropped_stale"],
                            dropped_outlier=int(s["dropped_outlier"]),
                            dropped_nonfinite=c["dropped_nonfinite"] + int(s["dropped_nonfinite"]),
-                           frames_per_second=fps, **means)      # wall_time: the file's clock
+                           frames_per_second=fps, dead_units=dead["dead_units"],
+                           dead_params=dead["dead_params"], **means)  # wall_time: the file's
         self.flush()
-        fell = self.collapse.update(self.returns)
-        if fell:
-            print(f"hpcrl: warning: {fell}", flush=True)
+        for warning in [self.collapse.update(self.returns)] + self.dead_warnings(dead,
+                                                                                 c["applied"]):
+            if warning:
+                print(f"hpcrl: warning: {warning}", flush=True)
         recent = np.mean(self.returns[-20:]) if self.returns else float("nan")
         evals = (f"eval(last 20) {np.mean(self.eval_returns[-20:]):8.2f} | "
                  if self.eval_returns else "")
@@ -233,6 +274,31 @@ class Reporter:
             print(f"\r[{bar}] {progress} | {line}", end="", flush=True)
         else:
             print(f"[hpcrl] {line} | {progress}", flush=True)
+
+    def dead_shares(self, applied: int) -> dict:
+        """The ps ranks' latest counts of zero optimiser statistics as shares (see
+        :func:`dead_shares`); NaN before :data:`HEALTH_AFTER_UPDATES` updates (every statistic
+        starts at 0) and for optimisers without one."""
+        if not self.tensors or applied < HEALTH_AFTER_UPDATES or self.cfg.optimizer not in \
+                STATISTIC_OPTIMIZERS:
+            return {"dead_units": np.nan, "dead_params": np.nan, "layers": {}}
+        return dead_shares(self.store.zero_statistics(), self.tensors)
+
+    def dead_warnings(self, dead: dict, applied: int) -> list[str]:
+        """Once per layer: it has passed half dead (once a statistic at 0 can mean a unit that
+        lost its gradient, :func:`dead_warn_after_updates`)."""
+        if applied < dead_warn_after_updates(self.cfg):
+            return []
+        out = []
+        for name, share in dead["layers"].items():
+            if share >= 0.5 and name not in self.half_dead:
+                self.half_dead.add(name)
+                out.append(f"{100 * share:.0f} % of the units of {name} no longer learn (their "
+                           f"optimiser statistic is 0: no gradient for thousands of updates); "
+                           "a network losing its units rarely recovers: see python -m "
+                           "hpcrl.diagnose RUN_DIR, and lower the learning rate or change the "
+                           "init (docs/experiments/a3c-pong-dead-units.md)")
+        return out
 
     def before_checkpoint(self) -> None:
         """Drain every client's messages up to its checkpoint marker, then flush: the file then

@@ -61,7 +61,7 @@ def write_csv(metrics: dict, out_dir: Path) -> list[Path]:
 NOT_SCALARS = {"frames", "wall_time", "rank"}
 #: train columns that are NaN where they do not apply (max_q of A3C, entropy of the value
 #: methods, all of them in files older than schema 3): such points are left out
-HEALTH_TAGS = {"grad_norm", "clipped_fraction", "entropy", "max_q"}
+HEALTH_TAGS = {"grad_norm", "clipped_fraction", "entropy", "max_q", "dead_units", "dead_params"}
 
 
 def scalar_tags(group: str) -> list[str]:

@@ -130,18 +130,22 @@ def _plot_curves(plt, report: dict, game: str, runs: list[RunResult], x: str, pa
 
 TRAIN_PANELS = (("loss", "loss (mean since the last report)"),
                 ("frames_per_second", "env frames / s"),
-                ("dropped", "gradients dropped (stale + outlier + non-finite)"))
+                ("dropped", "gradients dropped (stale + outlier + non-finite)"),
+                ("grad_norm", "gradient norm before clipping"),
+                ("health", "policy entropy (A3C) / mean max Q"),
+                ("dead_units", "worst layer's share of dead units"))
 
 
 def _plot_train(plt, game: str, runs: list[RunResult], x: str, path: Path) -> Path:
-    fig, axes = plt.subplots(len(TRAIN_PANELS), 1, figsize=(7, 7), dpi=100, sharex=True)
+    fig, axes = plt.subplots(len(TRAIN_PANELS), 1, figsize=(7, 12), dpi=100, sharex=True)
     for run in sorted(runs, key=lambda r: (r.algo, r.seed or 0)):
         t = run.train
         if not len(t.get("frames", ())):
             continue
         xs = t["frames"] if x == "frames" else t["wall_time"] / 3600
         values = dict(t, dropped=t["dropped_stale"] + t["dropped_outlier"]
-                      + t["dropped_nonfinite"])
+                      + t["dropped_nonfinite"],
+                      health=t["entropy"] if run.algo.startswith("a3c") else t["max_q"])
         for ax, (column, _) in zip(axes, TRAIN_PANELS):
             ax.plot(xs, values[column], lw=1, label=f"{run.algo} seed {run.seed}")
     for ax, (_, label) in zip(axes, TRAIN_PANELS):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,20 @@ def load_run(path: Path, last_n: int, now_unix: float, stale_after_s: float) -> 
         return RunResult(str(path), algo, game, seed, "unreadable", error=f"{path}: {exc!r}")
 
 
+def agent_name(attrs: dict) -> str:
+    """The run's agent as the papers name them: its algo, ``a3c_lstm`` for A3C with the LSTM
+    (Mnih et al. 2016 report A3C FF and A3C LSTM as two agents; the run's resolved config, TOML
+    data, says which)."""
+    algo = str(attrs["algo"])
+    if algo == "a3c":
+        try:
+            if tomllib.loads(str(attrs.get("config", ""))).get("lstm") is True:
+                return "a3c_lstm"
+        except tomllib.TOMLDecodeError:
+            pass
+    return algo
+
+
 def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
                 stale_after_s: float) -> RunResult:
     attrs = data["attrs"]
@@ -99,7 +114,7 @@ def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
                   if data[g]["frames"].size] + [0])
     return RunResult(
         path=str(path),
-        algo=str(attrs["algo"]),
+        algo=agent_name(attrs),
         game=game_id(str(attrs["game"])),
         seed=int(attrs["seed"]),
         status=run_status(data["status"], data["heartbeat_unix"], now_unix, stale_after_s),

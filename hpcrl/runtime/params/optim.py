@@ -115,6 +115,15 @@ class ShardOptimizer:
         elif kind == "rmsprop_per_client":
             self.state["v"] = np.zeros((n_clients, size), np.float32)
 
+    def statistic(self) -> np.ndarray | None:
+        """RMSProp's v ([n] shared, [n_clients, n] per client) or AdaGrad's own G - G0 (its
+        sum of squared gradients without the warm start): the statistic that is exactly 0
+        where a parameter gets no gradient, as ``hpcrl.diagnose`` reads it (None for SGD and
+        momentum)."""
+        if "G" in self.state:
+            return self.state["G"] - self.state["G0"]
+        return self.state.get("v")
+
     def statistics_for(self, client: int) -> np.ndarray | None:
         """The array that scales client ``client``'s steps (None for plain SGD)."""
         for name in ("G", "v", "m"):
