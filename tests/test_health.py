@@ -150,3 +150,32 @@ def test_the_half_dead_warning_waits_until_a_zero_statistic_means_a_lost_gradien
     assert dead_warn_after_updates(Config(optimizer="rmsprop_shared", rmsprop_decay=0.5)) == \
         100 + 126                                   # 87.3 / ln 2 = 125.9
     assert dead_warn_after_updates(Config(optimizer="adagrad")) == 100   # G never decays
+
+
+@pytest.mark.mpi
+def test_a_real_run_counts_dead_units_as_diagnose_does_and_warns_when_it_dies(tmp_path):
+    """A3C CartPole made to die: a learning rate of 3 (not annealed) and RMSProp decay 0.5,
+    under which a statistic at 0 means a unit without a gradient for 126 updates. The last
+    train row (written after the final checkpoint) holds exactly diagnose's fractions of that
+    checkpoint, the log warns that a layer passed half dead, and the rows before 100 applied
+    updates are NaN."""
+    from hpcrl.tools.diagnose import diagnose_run
+    from tests.util import run_mpi
+
+    run_dir = tmp_path / "r"
+    proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", "configs/a3c_cartpole.toml",
+                          "--set", "total_frames=20000", "--set", f"run_dir={run_dir}",
+                          "--set", "learning_rate=3", "--set", "lr_anneal=false",
+                          "--set", "rmsprop_decay=0.5", "--set", "log_every_s=0.5",
+                          "--set", "final_eval_episodes=0"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    train = read_metrics(run_dir / "metrics.h5")["train"]
+    report = diagnose_run(run_dir)
+    rows = {r["name"]: r["fraction"] for r in report["tensors"]}
+    biases = [f for name, f in rows.items() if "bias" in name]
+    assert train["dead_units"][-1] == pytest.approx(max(biases), abs=1e-12)
+    assert train["dead_params"][-1] == pytest.approx(rows["all"], abs=1e-12)
+    assert np.isnan(train["dead_units"][train["updates"] < 100]).all()
+    assert max(biases) >= 0.5, rows
+    assert "hpcrl: warning: " in proc.stdout and "no longer learn" in proc.stdout, \
+        proc.stdout[-3000:]
