@@ -287,14 +287,16 @@ class Reporter:
     def dead_warnings(self, dead: dict, applied: int) -> list[str]:
         """Once per layer: it has passed half dead (once a statistic at 0 can mean a unit that
         lost its gradient, :func:`dead_warn_after_updates`)."""
-        if applied < dead_warn_after_updates(self.cfg):
+        after = dead_warn_after_updates(self.cfg)
+        if applied < after:
             return []
         out = []
         for name, share in dead["layers"].items():
             if share >= 0.5 and name not in self.half_dead:
                 self.half_dead.add(name)
                 out.append(f"{100 * share:.0f} % of the units of {name} no longer learn (their "
-                           f"optimiser statistic is 0: no gradient for thousands of updates); "
+                           f"optimiser statistic is 0: no gradient for about "
+                           f"{after - HEALTH_AFTER_UPDATES:,} updates or more); "
                            "a network losing its units rarely recovers: see python -m "
                            "hpcrl.diagnose RUN_DIR, and lower the learning rate or change the "
                            "init (docs/experiments/a3c-pong-dead-units.md)")
