@@ -212,8 +212,9 @@ def test_modes_start_and_stop_cleanly(world, sets, counts, tmp_path):
 ], ids=["learners_wait", "actors_wait"])
 def test_split_mode_keeps_to_split_update_every(layout, every, floor, tmp_path):
     """Split mode with split_update_every = U (CartPole, 6,000 frames): the ps applies at
-    most frames / U updates (plus one gradient in flight per learner), whichever side is the
-    faster one."""
+    most frames / U updates, plus two gradients per learner that passed the check before it
+    was due (one in its inbox, and one computed meanwhile: push returns once the gradient is
+    posted, and waits only before posting the next), whichever side is the faster one."""
     run_dir = tmp_path / "r"
     proc, _ = run_mpi(6, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
                           "--set", "mode=split", "--set", layout, "--set", "total_frames=6000",
@@ -222,7 +223,7 @@ def test_split_mode_keeps_to_split_update_every(layout, every, floor, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     train = read_metrics(run_dir / "metrics.h5")["train"]
     frames, updates = int(train["frames"][-1]), int(train["updates"][-1])
-    assert floor(frames) <= updates <= frames // every + 3, (frames, updates)
+    assert floor(frames) <= updates <= frames // every + 2 * 3, (frames, updates)
 
 
 def test_split_pacing_rules_never_both_wait():

@@ -260,10 +260,10 @@ def test_tensorboard_scalars_equal_the_hdf5_values_and_a_second_pass_adds_only_n
     assert scalars["train/dropped_stale"] == [(200 * i, i) for i in range(1, 4)]
     assert scalars["train/entropy"] == [(200 * i, 1.5 - 0.5 * i) for i in range(1, 4)]
     assert scalars["train/grad_norm"] == [(200 * i, 2.0 * i) for i in range(1, 4)]
-    # every train column but the axes, and max_q, NaN for every row (it does not apply): no
+    # every train column but the axes, and those NaN in every row (not measured here): no
     # points rather than NaN points
     assert {t.split("/")[1] for t in scalars if t.startswith("train/")} == set(
-        COLUMNS["train"]) - {"frames", "wall_time", "max_q"}
+        COLUMNS["train"]) - {"frames", "wall_time", "max_q", "dead_units", "dead_params"}
 
 
 def test_tensorboard_follow_ends_when_the_run_is_no_longer_running(tmp_path):
