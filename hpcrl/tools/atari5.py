@@ -1,6 +1,7 @@
 """Estimate the 57-game median human-normalised score from a few games: Atari-5 (and its
-Atari-3 and Atari-10 variants, from the same authors' code) of Aitchison, Sweetser and Hutter, "Atari-5: Distilling the
-Arcade Learning Environment down to Five Games", ICML 2023 (arXiv 2210.02019).
+Atari-3 and Atari-10 variants, from the same authors' code) of Aitchison, Sweetser and
+Hutter, "Atari-5: Distilling the Arcade Learning Environment down to Five Games", ICML 2023
+(arXiv 2210.02019).
 
 The authors fit, over published algorithms with at least 40 of the 57 games, a linear model
 without intercept from the log scores of a few games to the log of the 57-game median:
@@ -10,7 +11,8 @@ without intercept from the log scores of a few games to the log of the 57-game m
 and report about 10 % relative error for Atari-5. The weights below are the least-squares fit
 on the authors' own published data set (``dataset.csv`` of github.com/maitchison/Atari-5, the
 fit of its ``atari5.py``: ``LinearRegression(fit_intercept=False)``, "good" algorithms only),
-recomputed for this module; ``docs/atari5.md`` records how they were checked.
+recomputed for this module; ``docs/analysis.md`` ("Five games for 57") records how they were
+checked.
 
 Why it is useful here: a user with a small allocation runs five games (``HPCRL_GAMES=atari5``
 in the SLURM scripts) instead of 57 and reads an estimate of the 57-game median with
