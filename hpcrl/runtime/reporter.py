@@ -37,11 +37,13 @@ def early_stop_reason(train_returns: list[float], eval_returns: list[float],
             f"{np.mean(returns[-window:]):.1f} >= {threshold}")
 
 
-def interval_means(before: dict, now: dict, algo: str) -> dict[str, float]:
+def interval_means(before: dict | None, now: dict, algo: str) -> dict[str, float]:
     """The ``train`` row's means since the previous report, from the learners' summed
     counters (:class:`hpcrl.core.LearnerStats`) then and now: loss, grad_norm,
     clipped_fraction and entropy (A3C) or max_q (value methods); NaN without a gradient in
     between, and for the figure that does not apply."""
+    before = before or dict.fromkeys(now, 0.0)
+
     def per(total: str, count: str) -> float:
         n = now[count] - before[count]
         return (now[total] - before[total]) / n if n else float("nan")
@@ -177,7 +179,9 @@ class Reporter:
         self.markers = 0
         self.resume_frames = resume_frames or 0
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
-        self.stats_at_report = dict.fromkeys(STATS_FIELDS, 0.0)
+        #: the learners' counters at the previous report (None: not yet after a resume)
+        self.stats_at_report = (None if resume_frames is not None
+                                else dict.fromkeys(STATS_FIELDS, 0.0))
         self.collapse = CollapseWatch()
         #: the network's (name, size) in the flat order; the layers already said half dead
         self.tensors = tuple(tensors)
@@ -243,6 +247,8 @@ class Reporter:
         total = np.sum(list(self.stats.values()), axis=0)
         s = dict(zip(STATS_FIELDS, total))
         means = interval_means(self.stats_at_report, s, self.cfg.algo)
+        if self.stats_at_report is None:     # resumed: the counters hold the run's history,
+            means = dict.fromkeys(means, np.nan)   # whose sums this start cannot split
         self.stats_at_report = s
         t_prev, f_prev = self.last_report
         fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
