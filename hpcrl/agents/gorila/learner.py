@@ -28,6 +28,7 @@ class GorilaLearner:
         self.layout.bind_grads(net, self.grad)          # backward() writes the flat gradient
         self.outliers = LossOutlierFilter(cfg.outlier_k) if cfg.outlier_k > 0 else None
         self.stats = LearnerStats()
+        self.sq_norm = 0.0        # of the last gradient returned (handed to store.push)
         self.torso_dtype = torch.bfloat16 if cfg.learner_precision == "bfloat16" else None
 
     def get_state(self) -> dict:
@@ -72,7 +73,9 @@ class GorilaLearner:
         if not np.isfinite(self.grad.sum(dtype=np.float64)):
             stats.dropped_nonfinite += 1
             return None
-        # Gorila clips no gradient: the norm is for the train rows only (float32 BLAS dot)
-        stats.add_gradient(float(np.sqrt(np.dot(self.grad, self.grad))), clipped=False)
+        # Gorila clips no gradient. The squared norm (float32 BLAS dot) serves the train rows
+        # and the push, which would otherwise compute it again.
+        self.sq_norm = float(np.dot(self.grad, self.grad))
+        stats.add_gradient(float(np.sqrt(self.sq_norm)), clipped=False)
         stats.updates += 1
         return self.grad

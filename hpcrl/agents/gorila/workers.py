@@ -103,7 +103,8 @@ class BundleWorker(WorkerBase):
         replay = self.replays[int(actor.rng.integers(self.n_env))]
         grad = self.learner.gradient(replay.sample(cfg.batch_size))
         if grad is not None:
-            self.store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames))
+            self.store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames),
+                            self.learner.sq_norm)
 
     def stats(self) -> LearnerStats:
         return self.learner.stats
@@ -240,7 +241,8 @@ class LearnerWorker(WorkerBase):
         self.target.refresh()
         grad = self.learner.gradient(batch)
         if grad is not None:
-            self.store.push(grad, self.versions, learning_rate(self.cfg, self.frames.read()))
+            self.store.push(grad, self.versions, learning_rate(self.cfg, self.frames.read()),
+                            self.learner.sq_norm)
 
     def stats(self) -> LearnerStats:
         return self.learner.stats
