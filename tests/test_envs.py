@@ -245,3 +245,63 @@ def test_env_rng_states_of_older_checkpoints_still_restore():
     again = np.random.default_rng(9)
     saved = generator_state_to_array(again)
     np.testing.assert_array_equal(generator_from_array(saved).random(3), again.random(3))
+
+
+def _resize_each(screens):
+    """The slow reference: every screen resized alone by PIL's BOX filter."""
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.fromarray(s).resize((84, 84), Image.BOX)) for s in screens])
+
+
+def test_batched_resize_equals_each_screen_resized_alone():
+    env = make_env("breakout", 8, seed=3, training=True)
+    env.reset()
+    checked = 0
+    for actions in _random_actions(env, 4, 60):
+        env.step(actions)
+        screens = env._pooled                         # real max-pooled grayscale screens
+        for n in (1, 3, 8):
+            np.testing.assert_array_equal(resize_84x84(screens[:n]), _resize_each(screens[:n]))
+            checked += n
+    noise = np.random.default_rng(0).integers(0, 256, (5, 210, 160), dtype=np.uint8)
+    np.testing.assert_array_equal(resize_84x84(noise), _resize_each(noise))
+    assert checked == 60 * 12
+
+
+def _stream_digest(game, num_envs, num_steps, seed, training):
+    """sha256 of the reset observation and of every field of every step, random actions."""
+    import hashlib
+
+    env = make_env(game, num_envs, seed=seed, training=training)
+    h = hashlib.sha256(env.reset().tobytes())
+    ends = 0
+    for actions in _random_actions(env, seed, num_steps):
+        res = env.step(actions)
+        for x in res:
+            h.update(np.ascontiguousarray(x).tobytes())
+        ends += int(res.episode_end.sum())
+    return h.hexdigest()[:16], ends
+
+
+@pytest.mark.skipif(ale_py.__version__ != "0.12.1", reason="digests recorded with ale-py 0.12.1")
+def test_observation_stream_is_the_one_of_per_frame_preprocessing():
+    """Breakout (life-loss terminals, game overs, auto-resets inside the stream) in training and
+    evaluation: every observation, frame, reward and flag hashes to the digest recorded with
+    the per-screen resize, two game_over calls per step and a copied stack."""
+    assert _stream_digest("breakout", 3, 1500, 7, True) == ("f4f41f677fa5b654", 21)
+    assert _stream_digest("breakout", 2, 600, 8, False) == ("0056171760f8b014", 6)
+
+
+def test_observations_handed_out_are_never_written_again():
+    env = make_env("breakout", 2, seed=1, training=True)
+    handed = [env.reset()]
+    for actions in _random_actions(env, 2, 400):
+        handed.append(env.step(actions).obs)
+    copies = [h.copy() for h in handed]
+    state = env.get_state()
+    env.reset()
+    env.set_state(state)
+    env.step(np.zeros(2, np.int64))
+    for h, c in zip(handed, copies):
+        np.testing.assert_array_equal(h, c)

@@ -16,19 +16,25 @@ def resize_84x84(screens: np.ndarray) -> np.ndarray:
     """[n, H, W] uint8 grayscale screens -> [n, 84, 84] uint8 with PIL's BOX filter.
 
     BOX averages the input pixels whose centres fall inside each output pixel's footprint,
-    close to OpenCV's INTER_AREA (gymnasium, Dopamine) without needing OpenCV. About 60 us per
-    frame on one core. A numpy version with exact area weights was tried: as a BLAS matmul it
-    was twice as fast but OpenBLAS ran it on several threads (and its idle threads spin),
-    against the one-core-per-rank rule; in pure integer numpy it was slower than PIL.
+    close to OpenCV's INTER_AREA (gymnasium, Dopamine) without needing OpenCV. The n screens
+    are resized in one PIL call, laid side by side as one [H, n * W] image: the horizontal
+    footprints end exactly at the screens' edges (n * W / (n * 84) is the same scale), so
+    each output pixel is the one of a screen resized alone (`tests/test_envs.py` checks it
+    against per-screen resizes); one call per batch instead of one per screen saves PIL's
+    per-image overhead. Stacking the screens vertically instead would need no transpose, but
+    PIL's vertical pass then rounds some pixels differently (off by one).
+
+    A numpy version with exact area weights was tried: as a BLAS matmul it was twice as fast
+    but OpenBLAS ran it on several threads (and its idle threads spin), against the
+    one-core-per-rank rule; in pure integer numpy it was slower than PIL.
     """
     from PIL import Image
 
     n, h, w = screens.shape
-    out = np.empty((n, FRAME_HEIGHT, FRAME_WIDTH), np.uint8)
-    for i in range(n):
-        img = Image.frombuffer("L", (w, h), screens[i], "raw", "L", 0, 1)
-        out[i] = np.asarray(img.resize((FRAME_WIDTH, FRAME_HEIGHT), Image.BOX))
-    return out
+    wide = np.ascontiguousarray(screens.transpose(1, 0, 2)).reshape(h, n * w)
+    img = Image.frombuffer("L", (n * w, h), wide, "raw", "L", 0, 1)
+    small = np.asarray(img.resize((n * FRAME_WIDTH, FRAME_HEIGHT), Image.BOX))
+    return np.ascontiguousarray(small.reshape(FRAME_HEIGHT, n, FRAME_WIDTH).transpose(1, 0, 2))
 
 
 class AtariEnv:
@@ -89,21 +95,24 @@ class AtariEnv:
     def _resize(screens: np.ndarray) -> np.ndarray:
         return resize_84x84(screens)
 
-    def _act(self, i: int, action) -> int:
+    def _act(self, i: int, action) -> tuple[int, bool]:
         """One agent step of env i: repeat `action` for up to frame_skip frames.
 
         Stops early at game over or at the frame cap. Writes the max of the last two emulator
         frames of the skip into `self._pooled[i]` (only the final frame if the skip stopped
-        early or frame_skip == 1). Returns the summed raw reward.
+        early or frame_skip == 1). Returns the summed raw reward and whether the game is over
+        (asked once per emulator frame; the step does not ask again).
         """
         ale, screens = self._ales[i], self._screens[i]
         skip, cap = self.frames_per_step, self.max_episode_frames
         frames = int(self._episodes.frames[i])
         reward = grabbed = 0
+        over = False
         for k in range(skip):
             reward += ale.act(action)
             frames += 1
-            done = ale.game_over() or frames >= cap
+            over = ale.game_over()
+            done = over or frames >= cap
             if k >= skip - 2 or done:
                 ale.getScreenGrayscale(screens[grabbed])
                 grabbed += 1
@@ -114,7 +123,7 @@ class AtariEnv:
             np.maximum(screens[0], screens[1], out=self._pooled[i])
         else:
             self._pooled[i] = screens[0]
-        return reward
+        return reward, over
 
     def _reset_one(self, i: int) -> None:
         """New game in env i: reset, U{0..noop_max} no-op frames; first screen into `_pooled[i]`."""
@@ -151,6 +160,7 @@ class AtariEnv:
 
     def reset(self) -> np.ndarray:
         """Start a new game in every env. Returns obs [N, stack, 84, 84] uint8 (zeros + 1 frame)."""
+        self._stack = np.zeros_like(self._stack)     # never write into an array handed out
         self._reset_envs(np.arange(self.num_envs))
         return self._stack.copy()
 
@@ -161,10 +171,10 @@ class AtariEnv:
         raw = np.zeros(n, np.float32)
         game_over = np.zeros(n, bool)
         lives = np.empty(n, np.int64)
+        count_lives = self.life_loss_terminal      # lives only matter for life-loss terminals
         for i in range(n):
-            raw[i] = self._act(i, self._action_set[acts[i]])
-            game_over[i] = self._ales[i].game_over()
-            lives[i] = self._ales[i].lives()
+            raw[i], game_over[i] = self._act(i, self._action_set[acts[i]])
+            lives[i] = self._ales[i].lives() if count_lives else self._lives[i]
         last_frame = self._resize(self._pooled)
         truncated = ~game_over & (self._episodes.frames >= self.max_episode_frames)
         life_lost = lives < self._lives
@@ -174,13 +184,17 @@ class AtariEnv:
         terminal = game_over | (life_lost & self.life_loss_terminal)
         episode_return = np.where(episode_end, self._episodes.returns, 0.0).astype(np.float32)
         episode_frames = np.where(episode_end, self._episodes.frames, 0)
-        self._stack[:, :-1] = self._stack[:, 1:]
-        self._stack[:, -1] = last_frame
+        # The new stack is a fresh array, handed out as the observation without a copy: the
+        # env never writes into it after this step (the next step builds another one).
+        stack = np.empty_like(self._stack)
+        stack[:, :-1] = self._stack[:, 1:]
+        stack[:, -1] = last_frame
+        self._stack = stack
         ended = np.flatnonzero(episode_end)
         if ended.size:
             self._reset_envs(ended)
         reward = np.clip(raw, -1.0, 1.0) if self.clip_rewards else raw.copy()
-        return StepResult(self._stack.copy(), last_frame, reward, raw, terminal, episode_end,
+        return StepResult(stack, last_frame, reward, raw, terminal, episode_end,
                           episode_return, episode_frames)
 
     def get_state(self) -> dict[str, np.ndarray]:
@@ -201,7 +215,7 @@ class AtariEnv:
             raise ValueError(f"state is for stack {np.shape(state['stack'])}, env has {self._stack.shape}")
         for i, ale in enumerate(self._ales):
             ale.restoreState(ale_py.ALEState(np.asarray(state[f"ale_{i}"], np.uint8).tobytes()))
-        self._stack[:] = state["stack"]
+        self._stack = np.array(state["stack"], np.uint8)
         self._lives[:] = state["lives"]
         self._noop_rng = generator_from_array(state["noop_rng"])
         self._episodes.set_state(state)
