@@ -305,3 +305,23 @@ def test_observations_handed_out_are_never_written_again():
     env.step(np.zeros(2, np.int64))
     for h, c in zip(handed, copies):
         np.testing.assert_array_equal(h, c)
+
+
+def test_a_resume_that_switches_life_loss_terminals_on_sees_no_stale_life_loss():
+    """Without life-loss terminals the env does not follow lives step by step; its state
+    still holds the emulators' lives, so a resume with them switched on starts from there."""
+    off = make_env("breakout", 1, seed=2, training=True, terminal_on_life_loss=False)
+    off.reset()
+    lost = False
+    for actions in _random_actions(off, 3, 400):
+        res = off.step(actions)
+        lives = off._ales[0].lives()
+        if 0 < lives < 5 and not res.episode_end[0]:
+            lost = True
+            break
+    assert lost                                   # a life lost, the game going on
+    state = off.get_state()
+    assert state["lives"][0] == lives
+    on = make_env("breakout", 1, seed=2, training=True, terminal_on_life_loss=True)
+    on.set_state(state)
+    assert not on.step(np.zeros(1, np.int64)).terminal[0]

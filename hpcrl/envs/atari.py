@@ -204,7 +204,10 @@ class AtariEnv:
         """
         state = {f"ale_{i}": np.frombuffer(ale.cloneState(include_rng=True).serialize(), np.uint8).copy()
                  for i, ale in enumerate(self._ales)}
-        state.update(stack=self._stack.copy(), lives=self._lives.copy(),
+        # the emulators' lives: _lives is only kept current where life-loss terminals need it,
+        # and a resume may switch them on
+        lives = np.array([ale.lives() for ale in self._ales], np.int64)
+        state.update(stack=self._stack.copy(), lives=lives,
                      noop_rng=generator_state_to_array(self._noop_rng), **self._episodes.get_state())
         return state
 
