@@ -90,12 +90,6 @@ def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) 
     """
     cut_t = rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)
     v_t = np.zeros(rollout.r_t.shape, np.float32)
-    if not _recurrent(net):                       # one batched pass over every cut state
-        idx = np.flatnonzero(cut_t)
-        if idx.size:
-            _, v, _ = net(torch.from_numpy(flat_batch(rollout.s_t)[idx]), None)
-            v_t.reshape(-1)[idx] = v.numpy()
-        return v_t
     for i in np.flatnonzero(cut_t.any(axis=1)):
         _, v, _ = net(torch.from_numpy(rollout.s_t[i]), after[i])
         v_t[i] = np.where(cut_t[i], v.numpy(), 0.0)
