@@ -156,11 +156,6 @@ class Config:
                                lo=0.0)
     lstm: bool = _f(False, "A3C: LSTM variant (256 cells after the fc layer; 128 after the "
                     "hidden layer of the Gaussian policy)")
-    reuse_acting_forward: bool = _f(False, "A3C: the gradient differentiates the rollout's "
-                                    "acting forward passes (run keeping their graphs) "
-                                    "instead of running the network over the rollout "
-                                    "again; the same gradient (parameters do not change "
-                                    "within a rollout), one forward pass fewer")
     gaussian_std: str = _f("softplus", "A3C on continuous actions: the policy's variance is "
                            "a SoftPlus output of the network (the paper's) | state_independent "
                            "(one learned log standard deviation per action dimension, as "
@@ -313,9 +308,6 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.lstm_init != "torch" and not (cfg.algo == "a3c" and cfg.lstm):
         raise ConfigError(f"{origin}: key 'lstm_init' = '{cfg.lstm_init}' applies to A3C LSTM "
                           f"only (algo 'a3c' with lstm = true); remove it")
-    if cfg.reuse_acting_forward and cfg.algo != "a3c":
-        raise ConfigError(f"{origin}: key 'reuse_acting_forward' applies to algo 'a3c' only "
-                          f"(got '{cfg.algo}'); remove it")
     if cfg.init != "torch" and cfg.algo != "a3c":
         raise ConfigError(f"{origin}: key 'init' = '{cfg.init}' applies to algo 'a3c' only "
                           f"(got '{cfg.algo}'); remove it")

@@ -16,7 +16,7 @@ from hpcrl.agents.async_rl.rollout import Rollout, collect_rollout, next_obs_bef
 from hpcrl.bench.agents import phase_fraction
 from hpcrl.config import Config
 from hpcrl.envs import make_env
-from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy, GaussianPolicy
+from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy
 from hpcrl.rl.losses import huber, value_targets
 from hpcrl.rl.networks import build_actor_critic, build_q_network
 from hpcrl.rl.policies import sample_from_logits
@@ -383,74 +383,3 @@ def test_target_network_pulls_again_until_every_shard_has_refreshed():
     target.refresh()
     target.refresh()
     assert (store.pulls, target.version) == (4, 1)
-
-
-def _two_policies_gradients(net, env_id, n_env, t_max, rollouts, clip=0.0,
-                            policy_cls=ActorCriticPolicy):
-    """The gradients of ``rollouts`` consecutive rollouts, from the acting passes' kept graphs
-    and from the learner's re-run, for the same actions (the policies share one RNG stream)."""
-    cfg = Config(algo="a3c", gamma=0.99, grad_clip_norm=clip, entropy_beta=0.01)
-    out = []
-    for keep in (True, False):
-        env = make_env(env_id, n_env, seed=5, training=True)
-        policy = policy_cls(net, n_env, np.random.default_rng(2), keep_graph=keep)
-        learner = AsyncLearner(net, None, cfg)
-        obs, grads, ends = env.reset(), [], 0
-        for _ in range(rollouts):
-            rollout, obs = collect_rollout(env, obs, policy, t_max, None)
-            ends += int(rollout.end_t.sum())
-            kept = policy.take_kept() if keep else None
-            assert (kept is None or len(kept) == t_max) and not policy.kept
-            grads.append(np.concatenate([g.copy() for g in learner.gradient(rollout, None, kept)]))
-            if policy.state is not None:               # no graph carried into the next rollout
-                assert not policy.state[0].requires_grad
-        out.append((np.stack(grads), ends))
-        env.close()
-    return out
-
-
-@pytest.mark.parametrize("lstm", [False, True])
-def test_gradient_of_the_kept_acting_passes_equals_the_rerun_gradient(lstm):
-    """reuse_acting_forward: the same gradient as running the network over the rollout again,
-    across episode ends (LSTM state zeroed mid-rollout), bootstraps and carried LSTM states."""
-    torch.manual_seed(0)
-    net = build_actor_critic((4,), 2, lstm=lstm, hidden=16)
-    (kept, ends), (rerun, ends_rerun) = _two_policies_gradients(net, "CartPole-v1", 3, 20, 4)
-    assert ends == ends_rerun and ends >= 3               # episodes ended inside rollouts
-    assert np.abs(rerun).max() > 0
-    np.testing.assert_allclose(kept, rerun, rtol=1e-5, atol=1e-6)
-
-
-def test_gradient_of_the_kept_acting_passes_on_atari_frames():
-    """The conv network on real Pong frames, 4 environments, norm clipping on."""
-    torch.manual_seed(0)
-    net = build_actor_critic((4, 84, 84), 6, lstm=False, init="orthogonal")
-    (kept, _), (rerun, _) = _two_policies_gradients(net, "pong", 4, 5, 2, clip=0.5)
-    np.testing.assert_allclose(kept, rerun, rtol=1e-5, atol=1e-6)
-
-
-def test_gradient_of_the_kept_acting_passes_of_a_gaussian_policy():
-    """Continuous control: the Gaussian actor-critic on Pendulum (episodes cut at 200 steps)."""
-    torch.manual_seed(0)
-    net = build_actor_critic((3,), 1, lstm=False, hidden=16, continuous=True)
-    (kept, ends), (rerun, _) = _two_policies_gradients(net, "Pendulum-v1", 2, 50, 5,
-                                                       policy_cls=GaussianPolicy)
-    assert ends == 2                                         # both cut inside the 250 steps
-    # unclipped returns near -1,000: gradients in the hundreds, float32 sums in another order
-    np.testing.assert_allclose(kept, rerun, rtol=1e-5, atol=1e-6 * np.abs(rerun).max())
-
-
-def test_a_pull_drops_the_kept_graphs():
-    """Graphs computed at the old parameters are dropped when the worker pulls new ones."""
-    net = build_actor_critic((4,), 2, lstm=True, hidden=8)
-    policy = ActorCriticPolicy(net, 2, np.random.default_rng(0), keep_graph=True)
-    policy.act(np.zeros((2, 4), np.float32))
-    assert len(policy.kept) == 1 and policy.state[0].requires_grad
-    policy.drop_kept()
-    assert policy.kept == [] and not policy.state[0].requires_grad
-    with pytest.raises(ValueError, match="kept outputs of 1 steps for a rollout of 2"):
-        actor_critic_outputs(net, Rollout(*(np.zeros((2, 1, 4), np.float32),) * 1,
-                                          np.zeros((2, 1), np.int64),
-                                          *(np.zeros((2, 1), np.float32),) * 2,
-                                          np.zeros((2, 1), bool), np.zeros((2, 1, 4), np.float32)),
-                             [(None, None, None)])

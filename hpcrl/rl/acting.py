@@ -94,13 +94,11 @@ class ActorCriticPolicy:
     UNIFORMS_PER_DRAW = 256    # drawn from rng in blocks: one call per step costs ~10 us, cold
 
     def __init__(self, net: torch.nn.Module, num_envs: int, rng: np.random.Generator,
-                 forward: Callable | None = None, keep_graph: bool = False):
+                 forward: Callable | None = None):
         self.net, self.rng = net, rng
         self.forward = forward or net
         self.state = net.initial_state(num_envs)
         self.uniforms, self.uniform_pos = np.zeros(0), 0
-        self.keep_graph = keep_graph
-        self.kept: list[tuple] = []
 
     def _draw_block(self, n: int) -> np.ndarray:
         """A fresh block of draws (uniforms here; standard normals for a Gaussian policy)."""
@@ -113,40 +111,10 @@ class ActorCriticPolicy:
         self.uniform_pos += n
         return self.uniforms[self.uniform_pos - n:self.uniform_pos]
 
-    def _outputs(self, obs: np.ndarray) -> np.ndarray:
-        """The network's first output (logits, or the Gaussian's parameters) for ``obs``.
-
-        With ``keep_graph`` the forward pass keeps its graph and (output, value, state after
-        the step) goes to ``kept``: the learner differentiates the rollout's own forward
-        passes (`take_kept`) instead of running the network over the rollout again.
-        """
-        x = torch.from_numpy(obs)
-        if self.keep_graph:
-            out, value, self.state = self.forward(x, self.state)
-            after = None if self.state is None else tuple(s.detach() for s in self.state)
-            self.kept.append((out, value, after))
-            return out.detach().numpy()
-        with torch.no_grad():
-            out, _, self.state = self.forward(x, self.state)
-        return out.numpy()
-
-    def take_kept(self) -> list[tuple]:
-        """The (output, value, state after) of each step since the last call, with their
-        graphs, and the LSTM state cut from them (the next rollout's graph starts afresh, as
-        the learner's unroll from ``state0`` does)."""
-        kept, self.kept = self.kept, []
-        if self.state is not None:
-            self.state = tuple(s.detach() for s in self.state)
-        return kept
-
-    def drop_kept(self) -> None:
-        """Forget the kept graphs: the parameters they were computed with are about to change
-        (a pull), so they no longer give the gradient at the new parameters."""
-        self.take_kept()
-
     def act(self, obs: np.ndarray) -> np.ndarray:
-        logits = self._outputs(obs)
-        return sample_from_logits(logits, self._next_uniforms(obs.shape[0]))
+        with torch.no_grad():
+            logits, _, self.state = self.forward(torch.from_numpy(obs), self.state)
+        return sample_from_logits(logits.numpy(), self._next_uniforms(obs.shape[0]))
 
     def episode_end(self, end: np.ndarray) -> None:
         self.state = reset_lstm_state(self.state, end)
@@ -174,16 +142,17 @@ class GaussianPolicy(ActorCriticPolicy):
     normals come from ``rng`` in blocks, as the softmax policy's uniforms do."""
 
     def __init__(self, net: torch.nn.Module, num_envs: int, rng: np.random.Generator,
-                 forward: Callable | None = None, use_mean: bool = False,
-                 keep_graph: bool = False):
-        super().__init__(net, num_envs, rng, forward, keep_graph)
+                 forward: Callable | None = None, use_mean: bool = False):
+        super().__init__(net, num_envs, rng, forward)
         self.use_mean = use_mean
 
     def _draw_block(self, n: int) -> np.ndarray:
         return self.rng.standard_normal(n)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        out = self._outputs(obs)
+        with torch.no_grad():
+            out, _, self.state = self.forward(torch.from_numpy(obs), self.state)
+        out = out.numpy()
         if self.use_mean:
             return mean_action(out)
         d = out.shape[1] // 2

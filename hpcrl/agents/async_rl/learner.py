@@ -96,28 +96,15 @@ def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) 
     return v_t
 
 
-def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout, kept: list | None = None):
+def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
     """logits [T, N, A] and values [T, N] with their graph, and the bootstrap values v_t [T, N]
     of :func:`actor_critic_bootstrap`.
 
-    With ``kept`` (the acting forward passes of this rollout with their graphs, one
-    (logits, values, state after) per step, `ActorCriticPolicy.take_kept`) logits and values
-    are those passes' outputs: the network is not run over the rollout again. They are the
-    same numbers, since the parameters do not change within a rollout (the worker drops the
-    kept graphs at every pull), and the LSTM state was carried and zeroed as
-    :func:`unroll_actor_critic` does. Only the bootstrap states are run, without a graph.
-
-    Otherwise feed-forward nets get all three from one batched pass: the states that
-    bootstrap a return ride along with the rollout's states and their values are detached
-    (one forward call per rollout instead of two). Recurrent nets unroll step by step.
+    Feed-forward nets get all three from one batched pass: the states that bootstrap a return
+    ride along with the rollout's states and their values are detached (one forward call per
+    rollout instead of two). Recurrent nets unroll step by step.
     """
     T, N = rollout.a_tm1.shape[:2]
-    if kept is not None:
-        if len(kept) != T:
-            raise ValueError(f"kept outputs of {len(kept)} steps for a rollout of {T}")
-        logits = torch.stack([out for out, _, _ in kept])
-        values = torch.stack([v for _, v, _ in kept])
-        return logits, values, actor_critic_bootstrap(net, rollout, [a for *_, a in kept])
     if _recurrent(net):
         logits, values, after = unroll_actor_critic(net, rollout)
         return logits, values, actor_critic_bootstrap(net, rollout, after)
@@ -143,8 +130,7 @@ class AsyncLearner:
         self.sq_norm = 0.0
         self._health = 0.0        # the last loss's entropy (A3C) or mean max Q (value methods)
 
-    def loss(self, rollout: Rollout, a_next: np.ndarray | None = None,
-             kept: list | None = None) -> torch.Tensor:
+    def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
         """The rollout's loss: summed over its t_max steps, averaged over its N environments.
 
         The sum over time is the paper's: an actor-learner accumulates the gradients of its
@@ -153,12 +139,10 @@ class AsyncLearner:
         and PAAC average over their environments): N environments give a gradient of lower
         variance, not an N times larger one, so learning rate, RMSProp's epsilon and the
         norm clip keep their meaning. With one environment it is the paper's loss exactly.
-
-        ``kept``: A3C only, the acting passes' outputs (:func:`actor_critic_outputs`).
         """
         T, N = rollout.a_tm1.shape[:2]
         if self.cfg.algo == "a3c":
-            logits, values, v_t = actor_critic_outputs(self.net, rollout, kept)
+            logits, values, v_t = actor_critic_outputs(self.net, rollout)
             returns = bootstrap_returns(rollout.r_t, rollout.discount_t,
                                         rollout_cuts(rollout.end_t), v_t, self.cfg.gamma)
             loss = a3c_gaussian_loss if rollout.a_tm1.ndim == 3 else a3c_loss
@@ -175,8 +159,8 @@ class AsyncLearner:
         td = td_error(q_tm1, torch.from_numpy(rollout.a_tm1.reshape(-1)), y.reshape(-1))
         return dqn_loss(td, self.cfg.loss, reduction="sum") / N
 
-    def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None,
-                 kept: list | None = None) -> list[np.ndarray] | None:
+    def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None
+                 ) -> list[np.ndarray] | None:
         """Norm-clipped gradient of `loss` in pieces (valid until the next call), or None if it
         is not finite.
 
@@ -184,7 +168,7 @@ class AsyncLearner:
         accumulating into a zeroed flat buffer instead costs a pass that zeroes the whole
         vector and an add where a fresh tensor is simply kept.
         """
-        loss = self.loss(rollout, a_next, kept)
+        loss = self.loss(rollout, a_next)
         value = float(loss.detach())
         if not np.isfinite(value):
             self.stats.dropped_nonfinite += 1

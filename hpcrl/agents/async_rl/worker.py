@@ -62,11 +62,9 @@ class ActorLearnerWorker(WorkerBase):
             self.policy = EpsilonGreedyPolicy(net, n_env, cfg.anneal_frames, env.frames_per_step,
                                               self.rng, forward=forward)
         elif getattr(env, "continuous", False):
-            self.policy = GaussianPolicy(net, n_env, self.rng, forward=forward,
-                                         keep_graph=cfg.reuse_acting_forward)
+            self.policy = GaussianPolicy(net, n_env, self.rng, forward=forward)
         else:
-            self.policy = ActorCriticPolicy(net, n_env, self.rng, forward=forward,
-                                            keep_graph=cfg.reuse_acting_forward)
+            self.policy = ActorCriticPolicy(net, n_env, self.rng, forward=forward)
         self.frames_per_step = env.frames_per_step * n_env
         self.frames, self.steps = ctx.store.word(Word.FRAMES), ctx.store.word(Word.STEPS)
         self.frames_seen = self.frames.read()                # > 0 after a resume
@@ -85,12 +83,6 @@ class ActorLearnerWorker(WorkerBase):
                           if cfg.eval_every_frames > 0 and ctx.rank in evaluating else -1)
         self.eval_interrupt = interrupt_at_checkpoint(ctx.coord.due)
         self.versions = ctx.store.pull(self.theta)
-
-    def _pull(self) -> None:
-        """theta from the store; graphs kept from acting at the old theta are dropped."""
-        self.versions = self.store.pull(self.theta)
-        if not self.value_method:
-            self.policy.drop_kept()
 
     def global_frames(self) -> int:
         return self.frames_seen
@@ -111,8 +103,7 @@ class ActorLearnerWorker(WorkerBase):
         self.rollout_frames = 0
         if cfg.algo == "one_step_sarsa":
             self.a_next = self.policy.act(self.obs)   # a' in s_T, taken first in the next rollout
-        kept = self.policy.take_kept() if self.cfg.reuse_acting_forward else None
-        grad = self.gradient(rollout, self.a_next, kept)
+        grad = self.gradient(rollout, self.a_next)
         if grad is not None:
             store.push(grad, self.versions, learning_rate(cfg, self.frames_seen),
                        self.learner.sq_norm)
@@ -122,7 +113,7 @@ class ActorLearnerWorker(WorkerBase):
                 store.request_target_refresh()
         if grad is not None and cfg.wait_own_update > 0:
             store.wait_consumed(timeout_s=cfg.wait_own_update)
-        self._pull()
+        self.versions = store.pull(self.theta)
         self.rollouts += 1
         self.clock.maybe_write(self.rollouts * cfg.t_max * self.n_env)
         if 0 <= self.next_eval <= self.rollouts * cfg.t_max * self.frames_per_step:
@@ -139,10 +130,10 @@ class ActorLearnerWorker(WorkerBase):
         return self.learner.stats
 
     def after_checkpoint(self) -> None:
-        self._pull()
+        self.versions = self.store.pull(self.theta)
 
     def pull_final(self) -> None:
-        self._pull()
+        self.versions = self.store.pull(self.theta)
 
     def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
         return final_evaluation(self.net, self.cfg, episodes, seed, on_step)
