@@ -383,3 +383,34 @@ def test_target_network_pulls_again_until_every_shard_has_refreshed():
     target.refresh()
     target.refresh()
     assert (store.pulls, target.version) == (4, 1)
+
+
+def test_one_pass_outputs_on_frames_equal_unroll_plus_bootstrap():
+    """The conv network's fast path (channels-last batch, bootstrap states in a pass of their
+    own) gives the reference's logits, values, bootstrap values and gradient."""
+    torch.manual_seed(0)
+    net = build_actor_critic((4, 84, 84), 6, lstm=False, init="orthogonal")
+    rng = np.random.default_rng(2)
+    s_tm1 = rng.integers(0, 256, (5, 3, 4, 84, 84), dtype=np.uint8)
+    s_t = rng.integers(0, 256, (5, 3, 4, 84, 84), dtype=np.uint8)
+    end = np.zeros((5, 3), bool)
+    end[1, 0] = end[2, 2] = True
+    d = np.ones((5, 3), np.float32)
+    d[1, 0] = 0                                       # env 0 terminal at 1; env 2 cut at 2
+    rollout = Rollout(s_tm1, rng.integers(0, 6, (5, 3)), np.ones((5, 3), np.float32), d, end,
+                      s_t)
+    logits, values, v_t = actor_critic_outputs(net, rollout)
+    ref_logits, ref_values, after = unroll_actor_critic(net, rollout)
+    ref_v_t = actor_critic_bootstrap(net, rollout, after)
+    np.testing.assert_allclose(logits.detach().numpy(), ref_logits.detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(values.detach().numpy(), ref_values.detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(v_t, ref_v_t, rtol=1e-5, atol=1e-6)
+    assert v_t[1, 0] == 0 and v_t[2, 2] != 0 and (v_t[4] != 0).all() and v_t[0, 0] == 0
+    grads = []
+    for lg, v in ((logits, values), (ref_logits, ref_values)):
+        net.zero_grad()
+        (lg.logsumexp(-1).sum() + v.square().sum()).backward()
+        grads.append(np.concatenate([p.grad.numpy().ravel() for p in net.parameters()]))
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5 * np.abs(grads[1]).max())
