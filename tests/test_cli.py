@@ -279,6 +279,17 @@ def test_bench_actor_and_learner_print_json(what, args, keys):
         assert result["bytes_per_transition"] < 7300      # 84x84 frames stored once
 
 
+def test_bench_gradient_prints_its_ratios():
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.bench", "gradient", "--blocks", "2",
+                           "--reps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "gradient" and result["states"] == 40       # 5 steps x 8 envs
+    ref = float(np.median(result["runs_ms"]["bootstrap_in_batch"]))
+    for k in ("learner", "bootstrap_apart", "bfloat16_torso"):
+        assert result[f"{k}_ms"] == pytest.approx(np.median(result["runs_ms"][k]), abs=0.01)
+        assert result[f"{k}_over_reference"] == pytest.approx(result[f"{k}_ms"] / ref, abs=2e-3)
+
 @pytest.mark.mpi
 def test_bench_scaling_prints_json():
     """A short `bench scaling` (two real A3C Pong jobs of a few seconds each): the JSON contract

@@ -1,8 +1,10 @@
-"""Benchmarks (``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint``), kept apart from
-the algorithms they measure. Each prints its figures, the last line one JSON object; targets
-are ratios measured within one run (the machines are shared and noisy), never timed tests.
+"""Benchmarks (``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient``), kept
+apart from the algorithms they measure. Each prints its figures, the last line one JSON object;
+targets are ratios measured within one run (the machines are shared and noisy), never timed
+tests.
 
 * :mod:`.ps`: the parameter store against raw RMA on a window of the same size.
 * :mod:`.agents`: a Gorila actor and learner against their in-process bounds, A3C scaling
   with 1 and 2 actor-learners, a bundle's checkpoint write and read.
+* :mod:`.gradient`: the A3C rollout gradient against its variants (one core).
 """

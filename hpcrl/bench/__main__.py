@@ -1,4 +1,4 @@
-"""``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint``: benchmarks that print their
+"""``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient``: benchmarks that print their
 figures, the last line of each one JSON object (see :mod:`hpcrl.bench`)."""
 
 from __future__ import annotations
@@ -25,12 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("scaling", help="A3C frames/s with 1 and 2 actor-learners", add_help=False)
     sub.add_parser("checkpoint", help="one bundle's checkpoint write/read, Pong replay",
                    add_help=False)
+    grad = sub.add_parser("gradient", help="the A3C rollout gradient against its variants")
+    grad.add_argument("--blocks", type=int, default=7)
+    grad.add_argument("--reps", type=int, default=20)
     args, rest = p.parse_known_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.what == "ps":
         from hpcrl.bench.ps import bench_ps
 
         result = bench_ps(args.floats, args.reps, args.idle_s, args.optimizer)
+    elif args.what == "gradient":
+        from hpcrl.bench.gradient import bench_gradient
+
+        result = bench_gradient(args.blocks, args.reps)
     else:
         from hpcrl.bench import agents
 

@@ -1,0 +1,114 @@
+"""``python -m hpcrl.bench gradient``: the A3C rollout gradient as the learner computes it,
+against the ways it was or could be computed, alternating blocks in one process (one core).
+
+Variants, each on the same rollout of real Pong frames (``configs/a3c_pong.toml``'s network
+and rollout shape, t_max x envs_per_actor states):
+
+* ``learner``: :meth:`hpcrl.agents.async_rl.learner.AsyncLearner.gradient` itself (the
+  production path, norm clip and gradient pieces included);
+* ``bootstrap_in_batch``: the previous feed-forward path, the bootstrap states riding along in
+  the gradient's batch (their values detached, but backward covers the whole batch), NCHW;
+* ``bootstrap_apart``: the same with the bootstrap states in a pass of their own, NCHW;
+* ``bfloat16_torso``: ``bootstrap_apart`` with the torso under CPU bfloat16 autocast and a
+  channels-last batch (a candidate, not an option of the learner).
+
+Each figure is milliseconds per rollout gradient (median over blocks); ``*_over_reference``
+divides by ``bootstrap_in_batch``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def _rollout(cfg, steps: int):
+    """A rollout of ``steps`` x envs_per_actor real Pong states, random actions."""
+    from hpcrl.agents.async_rl.rollout import Rollout
+    from hpcrl.envs import make_env_from_config
+
+    env = make_env_from_config(cfg, cfg.envs_per_actor, 0, training=True)
+    rng = np.random.default_rng(0)
+    obs = env.reset()
+    for _ in range(50):                               # past the zero-padded first stacks
+        obs = env.step(rng.integers(0, env.num_actions, env.num_envs)).obs
+    s_tm1, s_t = [], []
+    for _ in range(steps):
+        s_tm1.append(obs)
+        obs = env.step(rng.integers(0, env.num_actions, env.num_envs)).obs
+        s_t.append(obs)
+    n = env.num_envs
+    env.close()
+    return Rollout(np.stack(s_tm1), rng.integers(0, env.num_actions, (steps, n)),
+                   rng.normal(size=(steps, n)).astype(np.float32),
+                   np.ones((steps, n), np.float32), np.zeros((steps, n), bool), np.stack(s_t))
+
+
+def bench_gradient(blocks: int = 7, reps: int = 20) -> dict:
+    import torch
+
+    from hpcrl.agents.async_rl.learner import AsyncLearner
+    from hpcrl.agents.async_rl.rollout import flat_batch
+    from hpcrl.config import load_config
+    from hpcrl.rl.losses import a3c_loss, bootstrap_returns, rollout_cuts
+    from hpcrl.rl.networks import build_actor_critic
+
+    torch.set_num_threads(1)
+    cfg = load_config("configs/a3c_pong.toml", [])
+    rollout = _rollout(cfg, cfg.t_max)
+    T, N = rollout.a_tm1.shape
+    net = build_actor_critic(rollout.s_tm1.shape[2:], 6, lstm=False, init=cfg.init)
+    learner = AsyncLearner(net, None, cfg)
+    acts = torch.from_numpy(rollout.a_tm1)
+    cuts = rollout_cuts(rollout.end_t)
+
+    def finish(lg, v, v_t):
+        returns = bootstrap_returns(rollout.r_t, rollout.discount_t, cuts, v_t, cfg.gamma)
+        loss = a3c_loss(lg.reshape(T, N, -1), v.reshape(T, N), acts, torch.from_numpy(returns),
+                        cfg.entropy_beta, cfg.value_coef)["total"] / N
+        net.zero_grad(set_to_none=True)
+        loss.backward()
+
+    x = torch.from_numpy(flat_batch(rollout.s_tm1))
+    boot = torch.from_numpy(rollout.s_t[-1])             # every env cut at the last step
+
+    def in_batch():
+        lg, v, _ = net(torch.cat([x, boot]), None)
+        v_t = np.zeros((T, N), np.float32)
+        v_t[-1] = v[T * N:].detach().numpy()
+        finish(lg[:T * N], v[:T * N], v_t)
+
+    def apart(torso_dtype=None):
+        with torch.no_grad():
+            v_t = np.zeros((T, N), np.float32)
+            v_t[-1] = net(boot, None)[1].numpy()
+        if torso_dtype is None:
+            lg, v, _ = net(x, None)
+        else:
+            with torch.autocast("cpu", dtype=torso_dtype):
+                h = net.torso(x.contiguous(memory_format=torch.channels_last).float() / 255)
+            h = h.float()
+            lg, v = net.policy_head(h), net.value_head(h).squeeze(-1)
+        finish(lg, v, v_t)
+
+    variants = {"learner": lambda: learner.gradient(rollout),
+                "bootstrap_in_batch": in_batch, "bootstrap_apart": apart,
+                "bfloat16_torso": lambda: apart(torch.bfloat16)}
+    times = {k: [] for k in variants}
+    for f in variants.values():
+        for _ in range(3):
+            f()
+    for _ in range(blocks):
+        for k, f in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                f()
+            times[k].append((time.perf_counter() - t0) / reps * 1e3)
+    ms = {k: float(np.median(v)) for k, v in times.items()}
+    ref = ms["bootstrap_in_batch"]
+    return {"bench": "gradient", "states": T * N, "blocks": blocks, "reps": reps,
+            **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+            **{f"{k}_over_reference": round(v / ref, 3) for k, v in ms.items()
+               if k != "bootstrap_in_batch"},
+            "runs_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}
