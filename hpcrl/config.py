@@ -127,10 +127,11 @@ class Config:
                                  "at one replay ratio); 0 = learn as fast as they can (the "
                                  "paper)", lo=0)
     loss: str = _f("huber", "DQN loss on the TD error: huber | clip", choices=("huber", "clip"))
-    learner_precision: str = _f("float32", "Gorila learner's forward and backward: float32 | "
-                                "bfloat16 (the torso, convolutions and hidden layer, under "
-                                "CPU autocast; Q head, loss, gradient and parameters stay "
-                                "float32)", choices=("float32", "bfloat16"))
+    learner_precision: str = _f("float32", "the gradient's forward and backward (Gorila's "
+                                "learner, A3C feed-forward): float32 | bfloat16 (the torso, "
+                                "convolutions and hidden layer, under CPU autocast; heads, "
+                                "loss, gradient, parameters and acting stay float32)",
+                                choices=("float32", "bfloat16"))
     outlier_k: float = _f(5.0, "drop gradients whose |loss| > running mean + k std (Gorila); 0 = off",
                           lo=0.0)
     epsilon_start: float = _f(1.0, "initial exploration epsilon", lo=0.0, hi=1.0)
@@ -308,6 +309,10 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.lstm_init != "torch" and not (cfg.algo == "a3c" and cfg.lstm):
         raise ConfigError(f"{origin}: key 'lstm_init' = '{cfg.lstm_init}' applies to A3C LSTM "
                           f"only (algo 'a3c' with lstm = true); remove it")
+    if cfg.learner_precision != "float32" and not (
+            cfg.algo == "gorila" or (cfg.algo == "a3c" and not cfg.lstm)):
+        raise ConfigError(f"{origin}: key 'learner_precision' = '{cfg.learner_precision}' "
+                          f"applies to algo 'gorila' and feed-forward 'a3c' only; remove it")
     if cfg.init != "torch" and cfg.algo != "a3c":
         raise ConfigError(f"{origin}: key 'init' = '{cfg.init}' applies to algo 'a3c' only "
                           f"(got '{cfg.algo}'); remove it")

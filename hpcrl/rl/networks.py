@@ -166,14 +166,23 @@ class _ActorCritic(nn.Module):
         z = torch.zeros(batch_size, self.lstm.hidden_size)
         return z, z.clone()
 
-    def forward(self, obs: torch.Tensor, state: LSTMState | None = None
+    def forward(self, obs: torch.Tensor, state: LSTMState | None = None,
+                torso_dtype: torch.dtype | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
         """obs [B, ...], state (h, c) [B, lstm_size] each (LSTM only; None = zeros).
+
+        ``torso_dtype`` (torch.bfloat16): the torso under CPU autocast, its output back in
+        float32 before the LSTM and the heads (as :func:`q_values` does for Q-networks).
 
         Returns:
             logits [B, num_actions] (policy = softmax(logits)), value [B], next state.
         """
-        x = self.torso(_scale_input(obs))
+        if torso_dtype is None:
+            x = self.torso(_scale_input(obs))
+        else:
+            with torch.autocast("cpu", dtype=torso_dtype):
+                x = self.torso(_scale_input(obs))
+            x = x.float()
         if self.lstm is not None:
             if state is None:
                 state = self.initial_state(x.shape[0])
@@ -224,10 +233,11 @@ class MLPGaussianActorCritic(_ActorCritic):
         self._build_heads(hidden, outputs, lstm, lstm_size)
         self.log_std = nn.Parameter(torch.zeros(action_dim)) if std != "softplus" else None
 
-    def forward(self, obs: torch.Tensor, state: LSTMState | None = None
+    def forward(self, obs: torch.Tensor, state: LSTMState | None = None,
+                torso_dtype: torch.dtype | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
         """obs [B, obs_dim] -> policy output [B, 2 D] (means, variances), value [B], state."""
-        out, value, state = super().forward(obs, state)
+        out, value, state = super().forward(obs, state, torso_dtype)
         if self.log_std is None:
             d = self.action_dim
             mean, var = out[:, :d], F.softplus(out[:, d:])

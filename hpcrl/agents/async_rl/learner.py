@@ -96,7 +96,8 @@ def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) 
     return v_t
 
 
-def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
+def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout,
+                         torso_dtype: torch.dtype | None = None):
     """logits [T, N, A] and values [T, N] with their graph, and the bootstrap values v_t [T, N]
     of :func:`actor_critic_bootstrap`.
 
@@ -106,6 +107,9 @@ def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
     values are detached, but a convolution's backward covers its whole batch): 0.83 of that
     gradient's time apart, 0.75 with channels-last convolutions (one core, a 5 x 8 Pong
     rollout, docs/performance.md). Recurrent nets unroll step by step.
+
+    ``torso_dtype`` (``learner_precision`` = "bfloat16", feed-forward only): the torso of the
+    gradient's pass under bfloat16 autocast; the bootstrap values stay float32.
     """
     T, N = rollout.a_tm1.shape[:2]
     if _recurrent(net):
@@ -114,7 +118,7 @@ def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout):
     x = torch.from_numpy(flat_batch(rollout.s_tm1))
     if x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
-    lg, v, _ = net(x, None)
+    lg, v, _ = net(x, None, torso_dtype)
     v_t = np.zeros(T * N, np.float32)
     idx = np.flatnonzero((rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)).reshape(-1))
     if idx.size:
@@ -134,6 +138,7 @@ class AsyncLearner:
         self.stats = LearnerStats()
         self.sq_norm = 0.0
         self._health = 0.0        # the last loss's entropy (A3C) or mean max Q (value methods)
+        self.torso_dtype = torch.bfloat16 if cfg.learner_precision == "bfloat16" else None
 
     def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
         """The rollout's loss: summed over its t_max steps, averaged over its N environments.
@@ -147,7 +152,7 @@ class AsyncLearner:
         """
         T, N = rollout.a_tm1.shape[:2]
         if self.cfg.algo == "a3c":
-            logits, values, v_t = actor_critic_outputs(self.net, rollout)
+            logits, values, v_t = actor_critic_outputs(self.net, rollout, self.torso_dtype)
             returns = bootstrap_returns(rollout.r_t, rollout.discount_t,
                                         rollout_cuts(rollout.end_t), v_t, self.cfg.gamma)
             loss = a3c_gaussian_loss if rollout.a_tm1.ndim == 3 else a3c_loss
