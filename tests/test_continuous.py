@@ -126,3 +126,47 @@ def test_gaussian_policy_resumes_its_draws_and_evaluation_uses_the_mean():
     np.testing.assert_array_equal(greedy.act(obs), mean)
     results = evaluate(net, cfg, 11, np.random.default_rng(0), episodes=2)
     assert [length for _, length in results] == [200, 200]        # Pendulum's limit
+
+
+class _RecordingGaussianPolicy(GaussianPolicy):
+    """Keeps the policy outputs it acted on, to compare with the learner's unroll."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.outputs = []
+
+    def act(self, obs):
+        with torch.no_grad():
+            out, _, _ = self.net(torch.from_numpy(obs), self.state)
+        self.outputs.append(out.numpy())
+        return super().act(obs)
+
+
+def test_the_gaussian_lstm_unrolls_as_it_acted_across_episode_ends():
+    """The recurrent Gaussian policy (128 LSTM cells): over rollouts that run across Pendulum's
+    200-step time limit, the learner's unroll from each rollout's state0 gives the outputs the
+    policy acted on (state carried between rollouts, zeroed at the episode end), and the
+    gradient reaches the LSTM."""
+    from hpcrl.agents.async_rl.learner import unroll_actor_critic
+
+    cfg = load_config(CONFIG, ["game=Pendulum-v1", "envs_per_actor=2", "lstm=true",
+                               "t_max=30"])
+    env = make_env("Pendulum-v1", 2, seed=4, training=True, clip_rewards=False)
+    torch.manual_seed(0)
+    net = build_network(cfg, env.obs_shape, env.num_actions)
+    assert net.lstm is not None and net.lstm.hidden_size == 128
+    policy = _RecordingGaussianPolicy(net, 2, np.random.default_rng(3))
+    obs, rollouts = env.reset(), []
+    for _ in range(8):                                 # 240 steps: one episode end per env
+        rollout, obs = collect_rollout(env, obs, policy, 30)
+        rollouts.append(rollout)
+    assert sum(int(r.end_t.sum()) for r in rollouts) == 2
+    acted = np.stack(policy.outputs)
+    for k, rollout in enumerate(rollouts):
+        with torch.no_grad():
+            out, _, _ = unroll_actor_critic(net, rollout)
+        np.testing.assert_allclose(out.numpy(), acted[30 * k:30 * (k + 1)], rtol=1e-5, atol=1e-6)
+    learner = AsyncLearner(net, None, cfg.replace(grad_clip_norm=0.0))
+    grad = learner.gradient(rollouts[-1])
+    lstm_grads = [g for g, name in zip(grad, learner.layout.names) if name.startswith("lstm.")]
+    assert lstm_grads and all(np.abs(g).max() > 0 for g in lstm_grads)
