@@ -21,7 +21,7 @@ from hpcrl.rl.losses import huber, value_targets
 from hpcrl.rl.networks import build_actor_critic, build_q_network
 from hpcrl.rl.policies import sample_from_logits
 from hpcrl.runtime.profiling import PhaseClock
-from tests.util import run_mpi
+from tests.util import RecordsOutputs, run_mpi
 
 torch.set_num_threads(1)
 
@@ -95,18 +95,8 @@ def test_one_pass_outputs_equal_unroll_plus_bootstrap():
     assert v_t[0, 0] == 0 and v_t[2, 1] == 0 and v_t[0, 1] != 0 and v_t[2, 0] != 0
 
 
-class RecordingPolicy(ActorCriticPolicy):
-    """Keeps the logits it acted on, to compare with the learner's unroll."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.logits = []
-
-    def act(self, obs):
-        with torch.no_grad():
-            lg, _, _ = self.net(torch.from_numpy(obs), self.state)
-        self.logits.append(lg.numpy())
-        return super().act(obs)
+class RecordingPolicy(RecordsOutputs, ActorCriticPolicy):
+    pass
 
 
 def test_lstm_state_reset_at_episode_ends_through_rollout_code():
@@ -118,7 +108,7 @@ def test_lstm_state_reset_at_episode_ends_through_rollout_code():
     first, obs = collect_rollout(env, obs, policy, 40, None)
     assert first.end_t.any()                       # random CartPole episodes last ~20 steps
     second, obs = collect_rollout(env, obs, policy, 40, None)
-    acted = np.stack(policy.logits)                # [80, 2, A]
+    acted = np.stack(policy.outputs)                # [80, 2, A]
     for k, rollout in enumerate((first, second)):
         with torch.no_grad():
             logits, _, _ = unroll_actor_critic(net, rollout)

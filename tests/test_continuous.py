@@ -17,7 +17,7 @@ from hpcrl.rl.acting import GaussianPolicy
 from hpcrl.rl.gaussian import a3c_gaussian_loss
 from hpcrl.rl.losses import bootstrap_returns, rollout_cuts
 from hpcrl.rl.networks import MLPGaussianActorCritic, build_network
-from tests.util import ROOT
+from tests.util import ROOT, RecordsOutputs
 
 mujoco = pytest.importorskip("mujoco", reason="the MuJoCo tasks need the mujoco extra")
 
@@ -128,18 +128,8 @@ def test_gaussian_policy_resumes_its_draws_and_evaluation_uses_the_mean():
     assert [length for _, length in results] == [200, 200]        # Pendulum's limit
 
 
-class _RecordingGaussianPolicy(GaussianPolicy):
-    """Keeps the policy outputs it acted on, to compare with the learner's unroll."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.outputs = []
-
-    def act(self, obs):
-        with torch.no_grad():
-            out, _, _ = self.net(torch.from_numpy(obs), self.state)
-        self.outputs.append(out.numpy())
-        return super().act(obs)
+class _RecordingGaussianPolicy(RecordsOutputs, GaussianPolicy):
+    pass
 
 
 def test_the_gaussian_lstm_unrolls_as_it_acted_across_episode_ends():

@@ -179,3 +179,9 @@ def test_a_real_run_counts_dead_units_as_diagnose_does_and_warns_when_it_dies(tm
     assert max(biases) >= 0.5, rows
     assert "hpcrl: warning: " in proc.stdout and "no longer learn" in proc.stdout, \
         proc.stdout[-3000:]
+
+
+def test_interval_means_without_earlier_counters_are_nan():
+    """The first report after a resume: the restored counters hold the run's whole history."""
+    now = dict.fromkeys(STATS_FIELDS, 0.0) | dict(loss_sum=16.0, loss_count=8)
+    assert all(math.isnan(v) for v in interval_means(None, now, "a3c").values())

@@ -170,3 +170,21 @@ def fill_disk(path: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+class RecordsOutputs:
+    """Mixin for an actor-critic policy class: keeps the network output it acted on at each
+    step (logits, or a Gaussian's means and variances) in ``outputs``, to compare with the
+    learner's unroll."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.outputs = []
+
+    def act(self, obs):
+        import torch
+
+        with torch.no_grad():
+            out, _, _ = self.net(torch.from_numpy(obs), self.state)
+        self.outputs.append(out.numpy())
+        return super().act(obs)

@@ -1,5 +1,5 @@
-"""``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient``: benchmarks that print their
-figures, the last line of each one JSON object (see :mod:`hpcrl.bench`)."""
+"""``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient``: benchmarks that
+print their figures, the last line of each one JSON object (see :mod:`hpcrl.bench`)."""
 
 from __future__ import annotations
 

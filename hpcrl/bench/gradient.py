@@ -10,7 +10,8 @@ and rollout shape, t_max x envs_per_actor states):
   the gradient's batch (their values detached, but backward covers the whole batch), NCHW;
 * ``bootstrap_apart``: the same with the bootstrap states in a pass of their own, NCHW;
 * ``bfloat16_torso``: ``bootstrap_apart`` with the torso under CPU bfloat16 autocast and a
-  channels-last batch (a candidate, not an option of the learner).
+  channels-last batch (the learner's ``learner_precision = "bfloat16"`` pass, without its
+  norm clip).
 
 Each figure is milliseconds per rollout gradient (median over blocks); ``*_over_reference``
 divides by ``bootstrap_in_batch``.
@@ -71,6 +72,7 @@ def bench_gradient(blocks: int = 7, reps: int = 20) -> dict:
         loss.backward()
 
     x = torch.from_numpy(flat_batch(rollout.s_tm1))
+    x_cl = x.contiguous(memory_format=torch.channels_last)
     boot = torch.from_numpy(rollout.s_t[-1])             # every env cut at the last step
 
     def in_batch():
@@ -83,13 +85,8 @@ def bench_gradient(blocks: int = 7, reps: int = 20) -> dict:
         with torch.no_grad():
             v_t = np.zeros((T, N), np.float32)
             v_t[-1] = net(boot, None)[1].numpy()
-        if torso_dtype is None:
-            lg, v, _ = net(x, None)
-        else:
-            with torch.autocast("cpu", dtype=torso_dtype):
-                h = net.torso(x.contiguous(memory_format=torch.channels_last).float() / 255)
-            h = h.float()
-            lg, v = net.policy_head(h), net.value_head(h).squeeze(-1)
+        batch = x if torso_dtype is None else x_cl
+        lg, v, _ = net(batch, None, torso_dtype)
         finish(lg, v, v_t)
 
     variants = {"learner": lambda: learner.gradient(rollout),

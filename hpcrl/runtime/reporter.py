@@ -41,11 +41,11 @@ def interval_means(before: dict | None, now: dict, algo: str) -> dict[str, float
     """The ``train`` row's means since the previous report, from the learners' summed
     counters (:class:`hpcrl.core.LearnerStats`) then and now: loss, grad_norm,
     clipped_fraction and entropy (A3C) or max_q (value methods); NaN without a gradient in
-    between, and for the figure that does not apply."""
-    before = before or dict.fromkeys(now, 0.0)
-
+    between, for the figure that does not apply, and for every figure without earlier
+    counters (``before`` None: the first report after a resume, whose restored counters hold
+    the run's whole history)."""
     def per(total: str, count: str) -> float:
-        n = now[count] - before[count]
+        n = now[count] - before[count] if before is not None else 0
         return (now[total] - before[total]) / n if n else float("nan")
 
     nan = float("nan")
@@ -247,8 +247,6 @@ class Reporter:
         total = np.sum(list(self.stats.values()), axis=0)
         s = dict(zip(STATS_FIELDS, total))
         means = interval_means(self.stats_at_report, s, self.cfg.algo)
-        if self.stats_at_report is None:     # resumed: the counters hold the run's history,
-            means = dict.fromkeys(means, np.nan)   # whose sums this start cannot split
         self.stats_at_report = s
         t_prev, f_prev = self.last_report
         fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
