@@ -40,7 +40,9 @@ def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = No
 
 @dataclass(frozen=True)
 class Config:
-    """All settings of one run. Defaults: Gorila on Pong in bundled mode (Nair et al. 2015)."""
+    """All settings of one run. Field defaults: Gorila on Pong in bundled mode with the paper's
+    values (Nair et al. 2015); the default job (``default_job_path()``) and each config file
+    override some of them."""
 
     # --- what to run -------------------------------------------------------------------------
     algo: str = _f("gorila", "algorithm: gorila | one_step_q | one_step_sarsa | n_step_q | a3c",
@@ -327,8 +329,21 @@ def _cross_checks(cfg: Config, origin: str) -> None:
                           f"replay_capacity ({cfg.replay_capacity})")
 
 
+#: The default job's file in the package: ``python -m hpcrl.run`` without ``--config`` runs it.
+DEFAULT_JOB = "default_job.toml"
+
+
+def default_job_path() -> Path:
+    """The default job's config file (``hpcrl/data/default_job.toml``): configs/gorila_pong.toml's
+    recipe, the one with a Pong learning record, rather than the field defaults (the papers'
+    values, whose AdaGrad has not learned Pong)."""
+    from importlib import resources
+
+    return Path(str(resources.files("hpcrl.data").joinpath(DEFAULT_JOB)))
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Read a TOML file (or the embedded defaults when ``path`` is None) and apply overrides.
+    """Read a TOML file (or only the field defaults when ``path`` is None) and apply overrides.
 
     Raises:
         ConfigError: one line naming the file (or ``--set``) and the offending key.

@@ -13,9 +13,12 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from hpcrl.config import Config, load_config
+from hpcrl.config import Config, default_job_path, load_config
 
 RECORDS_FILE = "learning_records.toml"
+#: The shipped config whose recipe the default job runs, value for value (a test holds them
+#: equal): its records are the default job's, and runs of either count for both.
+DEFAULT_JOB_RECIPE = "gorila_pong"
 #: Fields a run may set without leaving the recorded recipe.
 OUTSIDE_THE_RECIPE = frozenset({
     "seed", "run_dir", "total_frames", "log_every_s", "early_stop", "early_stop_return",
@@ -32,13 +35,15 @@ def load_records() -> dict[str, dict[str, dict]]:
 
 
 def config_name(path: str | Path | None) -> str:
-    """``configs/a3c_pong.toml`` -> ``a3c_pong``; the built-in config is ``default``."""
-    return "default" if path is None else Path(path).stem
+    """``configs/a3c_pong.toml`` -> ``a3c_pong``; the default job (``None``) runs
+    ``DEFAULT_JOB_RECIPE``'s recipe and answers that name."""
+    return DEFAULT_JOB_RECIPE if path is None else Path(path).stem
 
 
 def changed_recipe(path: str | Path | None, cfg: Config) -> list[str]:
-    """Fields of ``cfg`` that differ from the file's own values and change the recipe."""
-    base = load_config(path)
+    """Fields of ``cfg`` that differ from the file's (``None``: the default job's) own values
+    and change the recipe."""
+    base = load_config(default_job_path() if path is None else path)
     return sorted(name for name in vars(cfg) if name not in OUTSIDE_THE_RECIPE
                   and getattr(cfg, name) != getattr(base, name))
 
@@ -48,7 +53,7 @@ def record_line(path: str | Path | None, cfg: Config, game_id: str) -> str:
     is none."""
     name = config_name(path)
     entry = load_records().get(name, {}).get(game_id)
-    label = f"{name}.toml" if path is not None else "the built-in config"
+    label = f"{name}.toml" if path is not None else f"the default job ({name}.toml's recipe)"
     if entry is None:
         line = (f"note: {label} on {game_id} has no learning record: nothing yet shows that it "
                 "learns (README, Paper settings)")

@@ -36,7 +36,9 @@ def _config_keys() -> str:
 
     from hpcrl.config import Config
 
-    lines = ["config keys (--set KEY=VALUE; reference: docs/configuration.md):"]
+    lines = ["config keys (--set KEY=VALUE; the field defaults shown are the papers' values, "
+             "which the default job and each config override in part; reference: "
+             "docs/configuration.md):"]
     for f in dataclasses.fields(Config):
         lines.append(f"  {f.name} = {f.default!r}: {f.metadata['doc']}")
     return "\n".join(lines)
@@ -46,7 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hpcrl.run", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=textwrap.fill(EXIT_CODES, 90) + "\n\n" + _config_keys())
-    p.add_argument("--config", help="TOML config file (default: the embedded Gorila Pong config)")
+    p.add_argument("--config", help="TOML config file (default: the default job, "
+                   "hpcrl/data/default_job.toml: configs/gorila_pong.toml's recipe)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config field (repeatable), e.g. --set total_frames=20000")
     p.add_argument("--dry-run", action="store_true",
@@ -85,13 +88,32 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def load_job(args: argparse.Namespace):
+    """The run's config: ``--config`` (else the default job) with the ``--set`` overrides.
+
+    Raises:
+        ConfigError: one line; without ``--config`` it says that the default job is Gorila's
+            and how to run another algorithm.
+    """
+    from hpcrl.config import ConfigError, default_job_path, load_config
+
+    if args.config is not None:
+        return load_config(args.config, args.set)
+    try:
+        return load_config(default_job_path(), args.set)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (without --config this is the default job, Gorila on Pong, "
+                          "configs/gorila_pong.toml's recipe; another algorithm starts from its "
+                          "own config, e.g. --config configs/a3c_pong.toml)") from None
+
+
 def dry_run(args: argparse.Namespace) -> int:
-    from hpcrl.config import ConfigError, load_config
+    from hpcrl.config import ConfigError
     from hpcrl.runtime.program import count_params
     from hpcrl.runtime.topology import LayoutError, format_table, make_layout
 
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load_job(args)
         world = args.world_size or int(os.environ.get("SLURM_NTASKS", "0") or 0)
         if world < 1:
             return _error("--dry-run needs --world-size N, the -n you will launch with "
@@ -114,10 +136,10 @@ def dry_run(args: argparse.Namespace) -> int:
 
 def print_config(args: argparse.Namespace) -> int:
     """--print-config: the resolved TOML, which --config reads back as the same config."""
-    from hpcrl.config import ConfigError, load_config, to_toml
+    from hpcrl.config import ConfigError, to_toml
 
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load_job(args)
     except ConfigError as exc:
         return _error(str(exc))
     sys.stdout.write(to_toml(cfg))
@@ -134,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         return dry_run(args)
     if args.print_config:
         return print_config(args)
-    from hpcrl.config import ConfigError, load_config
+    from hpcrl.config import ConfigError
     from hpcrl.runtime.lease import LeaseLost, RunDirBusy
     from hpcrl.runtime.topology import LayoutError, make_layout
 
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load_job(args)
     except ConfigError as exc:
         return _error(str(exc), _env_rank())
     if cfg.async_progress:

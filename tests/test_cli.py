@@ -40,6 +40,19 @@ def test_dry_run_without_a_world_size_says_which_option_it_needs():
     assert proc.returncode == 0 and "world size 3: 1 ps, 2 actor-learner" in proc.stdout
 
 
+def test_without_a_config_the_default_job_runs_and_says_how_to_run_another_algorithm():
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--print-config"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and 'optimizer = "rmsprop_shared"' in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.run", "--print-config", "--set",
+                           "algo=a3c"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("hpcrl: error: ") and proc.stderr.strip().endswith(
+        "(without --config this is the default job, Gorila on Pong, configs/gorila_pong.toml's "
+        "recipe; another algorithm starts from its own config, e.g. --config "
+        "configs/a3c_pong.toml)")
+
+
 def test_console_scripts_are_installed():
     bindir = Path(sys.executable).parent
     for name in ("hpcrl-run", "hpcrl-analyze", "hpcrl-play", "hpcrl-export", "hpcrl-diagnose"):

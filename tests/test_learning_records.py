@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from hpcrl.config import load_config
+from hpcrl.config import default_job_path, load_config
 from hpcrl.games import resolve_game_id
-from hpcrl.learning_records import changed_recipe, load_records, record_line
+from hpcrl.learning_records import DEFAULT_JOB_RECIPE, changed_recipe, load_records, record_line
+from hpcrl.runtime.topology import Role, make_layout
 from tests.util import ROOT
 
 
@@ -39,8 +40,12 @@ def test_the_start_line():
     assert record_line(paper, load_config(paper), "pong") == (
         "note: gorila_paper.toml on pong has no learning record: nothing yet shows that it "
         "learns (README, Paper settings)")
-    assert record_line(None, load_config(None), "breakout").startswith(
-        "note: the built-in config on breakout has no learning record")
+    assert record_line(None, load_config(default_job_path()), "breakout").startswith(
+        "note: the default job (gorila_pong.toml's recipe) on breakout has no learning record")
+    line = record_line(None, load_config(default_job_path(), ["seed=3", "n_step=1"]), "pong")
+    assert line.startswith("note: the default job (gorila_pong.toml's recipe) on pong is not "
+                           "validated yet: ") and line.endswith("this run changes n_step, for "
+                                                               "which the record may not hold")
     line = record_line(ROOT / "configs/a3c_paper.toml", load_config(ROOT / "configs/a3c_paper.toml"),
                        "pong")
     assert line.startswith("note: a3c_paper.toml on pong is not validated yet: ")
@@ -51,6 +56,23 @@ def test_settings_outside_the_recipe_are_not_named():
     cfg = load_config(path, ["seed=4", "run_dir=/tmp/x", "eval_every_frames=1000",
                              "checkpoint_every_min=1", "early_stop=true"])
     assert changed_recipe(path, cfg) == []
+
+
+def test_the_default_job_is_the_recorded_gorila_pong_recipe_value_for_value():
+    """Runs of either count for both, so the two files must not drift apart; and the default
+    job is not the field defaults (the paper's AdaGrad, which has not learned Pong)."""
+    job = load_config(default_job_path())
+    assert job == load_config(ROOT / "configs" / f"{DEFAULT_JOB_RECIPE}.toml")
+    assert job != load_config(None) and job.optimizer == "rmsprop_shared"
+    assert "pong" in load_records()[DEFAULT_JOB_RECIPE]
+
+
+@pytest.mark.parametrize("world, n_ps, n_bundles", [(3, 1, 2), (4, 1, 3), (130, 30, 100)])
+def test_the_default_job_layout_follows_the_world_size(world, n_ps, n_bundles):
+    """-n 3 is the 2-core node's layout, -n 130 the paper's 30 ps + 100 bundles."""
+    roles = make_layout(world, load_config(default_job_path())).roles
+    assert roles.count(Role.PS) == n_ps and roles.count(Role.ACTOR_LEARNER) == n_bundles == \
+        len(roles) - n_ps
 
 
 def _array_config(script: str) -> str:
