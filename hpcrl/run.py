@@ -190,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         from hpcrl.learning_records import record_line
 
         print(f"[hpcrl] {record_line(args.config, cfg, resolve_game_id(cfg.game)[1])}", flush=True)
+        from hpcrl.runtime.hardware import bfloat16_note
+
+        note = bfloat16_note(cfg.learner_precision)
+        if note:
+            print(f"[hpcrl] {note}", flush=True)
     role = layout.roles[rank].value
     try:
         from hpcrl.agents import make_worker
