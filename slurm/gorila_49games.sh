@@ -11,7 +11,11 @@
 #
 # Gorila (Nair et al. 2015) on the 49 games of the Nature DQN paper: one SLURM array task per
 # game, each the paper layout of 130 MPI ranks (30 parameter servers + 100 actor/learner
-# bundles, configs/gorila_paper.toml). Submit from the repository root:
+# bundles, configs/gorila_paper.toml). Deviation from the paper: that config runs the update
+# rule of configs/gorila_pong.toml (DQN's RMSProp at the ps, 3-step returns, one update per 8
+# agent steps), not the paper's AdaGrad, which has not learned Pong in this project; its header
+# names every deviation and the scaling from the 2 bundles the rule was run at. Submit from the
+# repository root:
 #
 #   sbatch slurm/gorila_49games.sh                                  # all 49 games
 #   HPCRL_GAMES=atari5 sbatch --array=0-4 slurm/gorila_49games.sh   # the 5 games of Atari-5

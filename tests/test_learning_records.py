@@ -36,10 +36,14 @@ def test_the_start_line():
     line = record_line(path, load_config(path, ["learning_rate=0.1", "t_max=3"]), "CartPole-v1")
     assert line.endswith("; this run changes learning_rate, t_max, for which the record may "
                          "not hold")
+    other = ROOT / "configs/gorila_global_replay.toml"
+    assert record_line(other, load_config(other), "pong") == (
+        "note: gorila_global_replay.toml on pong has no learning record: nothing yet shows "
+        "that it learns (README, Paper settings)")
     paper = ROOT / "configs/gorila_paper.toml"
-    assert record_line(paper, load_config(paper), "pong") == (
-        "note: gorila_paper.toml on pong has no learning record: nothing yet shows that it "
-        "learns (README, Paper settings)")
+    assert record_line(paper, load_config(paper), "pong").startswith(
+        "note: gorila_paper.toml on pong is not validated yet: the paper's layout (130 ranks) "
+        "has not been run to a result; its update rule is gorila_pong's")
     assert record_line(None, load_config(default_job_path()), "breakout").startswith(
         "note: the default job (gorila_pong.toml's recipe) on breakout has no learning record")
     line = record_line(None, load_config(default_job_path(), ["seed=3", "n_step=1"]), "pong")
@@ -73,6 +77,18 @@ def test_the_default_job_layout_follows_the_world_size(world, n_ps, n_bundles):
     roles = make_layout(world, load_config(default_job_path())).roles
     assert roles.count(Role.PS) == n_ps and roles.count(Role.ACTOR_LEARNER) == n_bundles == \
         len(roles) - n_ps
+
+
+def test_the_gorila_paper_config_runs_the_recorded_rule_at_the_paper_layout():
+    """gorila_paper.toml is validated through gorila_pong's runs at a reduced layout: the two
+    may differ only in the layout and the per-bundle sizes its header states."""
+    paper = load_config(ROOT / "configs/gorila_paper.toml")
+    pong = load_config(ROOT / "configs/gorila_pong.toml")
+    differ = {name for name in vars(paper) if getattr(paper, name) != getattr(pong, name)}
+    assert differ == {"n_ps", "total_frames", "replay_capacity", "replay_min_fill",
+                      "eval_every_frames"}
+    roles = make_layout(130, paper).roles
+    assert roles.count(Role.PS) == 30 and roles.count(Role.ACTOR_LEARNER) == 100
 
 
 def _array_config(script: str) -> str:

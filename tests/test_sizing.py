@@ -76,10 +76,10 @@ def test_dry_run_prints_the_paper_totals():
                            "--config", "configs/gorila_paper.toml"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    # AdaGrad: 12 B per parameter (float64 G, float32 G0) = 20.2 MB over the 1,687,206
-    assert "memory on one node: 730.83 GB (process 22.40, windows 0.70, optimizer 0.02, " \
+    # shared RMSProp: one float32 statistic per parameter = 6.7 MB over the 1,687,206
+    assert "memory on one node: 730.81 GB (process 22.40, windows 0.70, optimizer 0.01, " \
         "replay 707.70)" in proc.stdout
-    assert "checkpoints: 707.74 GB per generation, 2123.21 GB of disk" in proc.stdout
+    assert "checkpoints: 707.72 GB per generation, 2123.17 GB of disk" in proc.stdout
 
 
 @pytest.mark.mpi
