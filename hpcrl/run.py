@@ -16,9 +16,14 @@ import os
 import socket
 import sys
 import textwrap
+import time
 import traceback
 
 from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CONFIG, EXIT_FAILURE
+
+#: Seconds between a failing rank's report and its MPI Abort, which may kill the launcher's
+#: forwarding of the report (the same grace as the watchdog's and the coordinator's aborts).
+ABORT_GRACE_S = 1.0
 
 
 EXIT_CODES = ("exit status: 0 finished (budget spent or early_stop); 1 a failure on some rank "
@@ -208,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(exc), rank)
         return EXIT_BUSY
     except LeaseLost:               # rank 0 found another job holding its run directory;
-        comm.Abort(EXIT_BUSY)       # the lease has printed the one error line
+        time.sleep(ABORT_GRACE_S)   # the lease has printed the one error line
+        comm.Abort(EXIT_BUSY)
         return EXIT_BUSY
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)
         return _error(str(exc), rank)
@@ -218,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"hpcrl: rank {rank} ({role}) on host {socket.gethostname()} failed:\n"
                          + traceback.format_exc())
         sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)   # Abort can kill the launcher's forwarding of the report
         comm.Abort(EXIT_FAILURE)
         return EXIT_FAILURE
 

@@ -193,6 +193,7 @@ class Reporter:
         self.episodes = 0
         self.t0 = time.monotonic()
         self.last_report = (self.t0, self.resume_frames)
+        self.reported: tuple[int, int] | None = None      # (frames, applied) of the last row
         if resume:
             self.episodes = self.writer.rows("episodes")
         self.buf = np.zeros(ROW_FLOATS)
@@ -251,6 +252,7 @@ class Reporter:
         t_prev, f_prev = self.last_report
         fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
         self.last_report = (now, c["frames"])
+        self.reported = (c["frames"], c["applied"])
         dead = self.dead_shares(c["applied"])
         self.writer.append("train", frames=c["frames"], updates=c["applied"],
                            dropped_stale=c["dropped_stale"],
@@ -395,7 +397,9 @@ class Reporter:
 
     def finish(self, status: str = "finished") -> None:
         self.drain()
-        self.report(time.monotonic())
+        c = self.store.counters()
+        if (c["frames"], c["applied"]) != self.reported:     # else the last row says it all
+            self.report(time.monotonic())
         if self.tty:
             print(flush=True)
         try:
