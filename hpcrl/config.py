@@ -96,6 +96,10 @@ class Config:
     rmsprop_bias_correction: bool = _f(False, "rmsprop_shared: divide the statistic by "
                                        "1 - decay^t (Adam's correction), so that the first "
                                        "steps are not up to 10x the learning rate")
+    rmsprop_initial: float = _f(0.0, "RMSProp's statistic v before the first step: 0 as "
+                                "PyTorch's RMSprop; 1 as TensorFlow's (OpenAI baselines' A2C), "
+                                "whose first ~1,000 steps are then about lr * g, a warm-up "
+                                "(not with rmsprop_bias_correction, which assumes 0)", lo=0.0)
     momentum: float = _f(0.9, "momentum for optimizer = momentum", lo=0.0, hi=1.0)
     max_staleness: int = _f(50, "ps drops gradients computed from parameters this many updates old",
                             lo=0)
@@ -308,6 +312,13 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
         raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
                           f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")
+    if cfg.rmsprop_initial and not cfg.optimizer.startswith("rmsprop"):
+        raise ConfigError(f"{origin}: key 'rmsprop_initial' applies to the RMSProp optimizers "
+                          f"only (got '{cfg.optimizer}'); remove it")
+    if cfg.rmsprop_initial and cfg.rmsprop_bias_correction:
+        raise ConfigError(f"{origin}: keys 'rmsprop_initial' and 'rmsprop_bias_correction' "
+                          "exclude each other (the correction assumes the statistic starts at "
+                          "0); set one of them")
     if cfg.lstm_init != "torch" and not (cfg.algo == "a3c" and cfg.lstm):
         raise ConfigError(f"{origin}: key 'lstm_init' = '{cfg.lstm_init}' applies to A3C LSTM "
                           f"only (algo 'a3c' with lstm = true); remove it")

@@ -5,6 +5,7 @@ import tomllib
 import pytest
 
 from hpcrl.config import Config, ConfigError, load_config, parse_override, to_toml
+from tests.util import ROOT
 
 
 def write(tmp_path, text):
@@ -102,6 +103,18 @@ def test_rmsprop_bias_correction_applies_to_shared_rmsprop_only():
     with pytest.raises(ConfigError, match=r"^config: key 'rmsprop_bias_correction' applies to "
                                           r"optimizer 'rmsprop_shared' only \(got 'adagrad'\)"):
         load_config(None, ["rmsprop_bias_correction=true"])
+
+
+def test_rmsprop_initial_applies_to_rmsprop_without_bias_correction():
+    path = ROOT / "configs/a3c_pong.toml"
+    cfg = load_config(path, ["rmsprop_bias_correction=false", "rmsprop_initial=1"])
+    assert cfg.rmsprop_initial == 1.0
+    with pytest.raises(ConfigError, match=r"keys 'rmsprop_initial' and 'rmsprop_bias_correction' "
+                                          r"exclude each other"):
+        load_config(path, ["rmsprop_initial=1"])
+    with pytest.raises(ConfigError, match=r"^config: key 'rmsprop_initial' applies to the "
+                                          r"RMSProp optimizers only \(got 'adagrad'\)"):
+        load_config(None, ["rmsprop_initial=1"])
 
 
 @pytest.mark.parametrize("sets, message", [

@@ -250,3 +250,25 @@ def test_rmsprop_bias_correction_matches_a_slow_loop_and_resumes(path):
 def test_bias_correction_is_for_shared_rmsprop_only():
     with pytest.raises(ValueError, match="rmsprop_shared only"):
         ShardOptimizer("adagrad", 4, 1, bias_correction=True)
+
+
+@pytest.mark.parametrize("kind", ["rmsprop_shared", "rmsprop_per_client"])
+def test_rmsprop_initial_statistic_by_hand(kind, path):
+    # TensorFlow's RMSProp: v starts at 1. decay 0.9, eps 0.01, lr 0.5, theta 1, g = 2:
+    #   v = 0.9 * 1 + 0.1 * 4 = 1.3; step = 0.5 * 2 / sqrt(1.31) = 0.873704 (from 0: 2.0 / ...)
+    #   g = 0.1: v = 1.17 + 0.001 = 1.171; step = 0.05 / sqrt(1.181)
+    opt = ShardOptimizer(kind, 1, 2, decay=0.9, eps=0.01, initial=1.0)
+    a, b = np.array([1.0], np.float32), np.empty(1, np.float32)
+    opt.step(a, np.array([2.0], np.float32), b, 0.5, 1)
+    assert b[0] == pytest.approx(1 - 1.0 / np.sqrt(1.31), rel=1e-6)
+    opt.step(b, np.array([0.1], np.float32), a, 0.5, 1)
+    assert a[0] == pytest.approx(b[0] - 0.05 / np.sqrt(1.181), rel=1e-6)
+    # client 0's statistic (its own, per client) has not moved from 1
+    assert opt.statistics_for(0)[0] == pytest.approx(1.171 if kind == "rmsprop_shared" else 1.0)
+
+
+def test_rmsprop_initial_is_for_rmsprop_without_bias_correction():
+    with pytest.raises(ValueError, match="RMSProp kinds only"):
+        ShardOptimizer("adagrad", 4, 1, initial=1.0)
+    with pytest.raises(ValueError, match="exclude each other"):
+        ShardOptimizer("rmsprop_shared", 4, 1, initial=1.0, bias_correction=True)

@@ -38,6 +38,7 @@ def make_optimizer(cfg: Config, store: ParameterStore,
     return ShardOptimizer(cfg.optimizer, store.sizes[store.shard], store.spec.n_clients,
                           decay=cfg.rmsprop_decay, eps=cfg.optim_eps, momentum=cfg.momentum,
                           bias_correction=cfg.rmsprop_bias_correction,
+                          initial=cfg.rmsprop_initial,
                           warmup_updates=(cfg.adagrad_warmup_updates
                                           if cfg.optimizer == "adagrad" else 0),
                           pieces=pieces)

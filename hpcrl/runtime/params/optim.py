@@ -35,6 +35,12 @@ its second moment (Kingma & Ba 2015). v starts at 0, so without it the first ste
 it every step is at most about lr. Applied as lr sqrt(c) g / sqrt(v + eps c), c = 1 - a^t,
 which is the same rule and lets the fused kernel run unchanged.
 
+``initial`` (RMSProp only): v before the first step. 0 is PyTorch's RMSprop; 1 is TensorFlow's,
+as OpenAI baselines' A2C ran it: v then decays from 1 towards g^2 over ~1,000 steps (a = 0.99),
+so the first steps are about lr * g, an implicit warm-up, where bias correction makes every
+first step about lr whatever the gradient's size. A parameter without gradient reaches the
+float32 floor (stored as 0) after ~8,700 steps, so ``hpcrl.diagnose`` sees it later than from 0.
+
 Client c's state lives on the ps next to the shard, so "per client" statistics cost
 ``n_clients * shard`` floats per ps rank and "shared" ones cost ``shard``: sharing the statistics
 is the same array object for every client by construction.
@@ -85,11 +91,16 @@ class ShardOptimizer:
 
     def __init__(self, kind: str, size: int, n_clients: int, *, decay: float = 0.99,
                  eps: float = 0.1, momentum: float = 0.9, bias_correction: bool = False,
-                 warmup_updates: int = 0, pieces: Sequence[int] | None = None):
+                 warmup_updates: int = 0, initial: float = 0.0,
+                 pieces: Sequence[int] | None = None):
         if kind not in KINDS:
             raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
         if bias_correction and kind != "rmsprop_shared":
             raise ValueError(f"bias_correction applies to rmsprop_shared only, not {kind!r}")
+        if initial and not kind.startswith("rmsprop"):
+            raise ValueError(f"initial applies to the RMSProp kinds only, not {kind!r}")
+        if initial and bias_correction:
+            raise ValueError("initial and bias_correction exclude each other")
         if warmup_updates and kind != "adagrad":
             raise ValueError(f"warmup_updates applies to adagrad only, not {kind!r}")
         self.warmup_updates = int(warmup_updates)
@@ -109,11 +120,11 @@ class ShardOptimizer:
             self.state["G0"] = np.zeros(size, np.float32)     # G's warm start, per parameter
             self._tmp64 = np.empty(size, np.float64)
         elif kind == "rmsprop_shared":
-            self.state["v"] = np.zeros(size, np.float32)
+            self.state["v"] = np.full(size, initial, np.float32)
             if bias_correction:
                 self.state["t"] = np.zeros((), np.int64)      # steps taken by this shard
         elif kind == "rmsprop_per_client":
-            self.state["v"] = np.zeros((n_clients, size), np.float32)
+            self.state["v"] = np.full((n_clients, size), initial, np.float32)
 
     def statistic(self) -> np.ndarray | None:
         """RMSProp's v ([n] shared, [n_clients, n] per client) or AdaGrad's own G - G0 (its
