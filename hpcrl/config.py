@@ -41,8 +41,9 @@ def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = No
 @dataclass(frozen=True)
 class Config:
     """All settings of one run. Field defaults: Gorila on Pong in bundled mode with the paper's
-    values (Nair et al. 2015); the default job (``default_job_path()``) and each config file
-    override some of them."""
+    update rule (Nair et al. 2015: AdaGrad, lr 0.0025, 1-step targets) and sizes for a small
+    node; configs/gorila_paper.toml says which values are the paper's. The default job
+    (``default_job_path()``) and each config file override some of them."""
 
     # --- what to run -------------------------------------------------------------------------
     algo: str = _f("gorila", "algorithm: gorila | one_step_q | one_step_sarsa | n_step_q | a3c",
@@ -97,9 +98,11 @@ class Config:
                                        "1 - decay^t (Adam's correction), so that the first "
                                        "steps are not up to 10x the learning rate")
     rmsprop_initial: float = _f(0.0, "RMSProp's statistic v before the first step: 0 as "
-                                "PyTorch's RMSprop; 1 as TensorFlow's (OpenAI baselines' A2C), "
-                                "whose first ~1,000 steps are then about lr * g, a warm-up "
-                                "(not with rmsprop_bias_correction, which assumes 0)", lo=0.0)
+                                "PyTorch's RMSprop; 1 as TensorFlow 1's RMSPropOptimizer (OpenAI "
+                                "baselines' A2C), whose steps start at lr * g and grow e-fold "
+                                "every ~200 steps (decay 0.99) as v falls to g^2, a warm-up over "
+                                "the first thousands (not with rmsprop_bias_correction, which "
+                                "assumes 0)", lo=0.0)
     momentum: float = _f(0.9, "momentum for optimizer = momentum", lo=0.0, hi=1.0)
     max_staleness: int = _f(50, "ps drops gradients computed from parameters this many updates old",
                             lo=0)
@@ -118,9 +121,9 @@ class Config:
                                "(1 = Gorila paper: before every acting step)", lo=1)
     learner_sync_every: int = _f(1, "learner pulls parameters every this many updates", lo=1)
     replay_capacity: int = _f(300_000, "transitions per replay memory (local: per actor; "
-                              "global: per replay rank); 300 k keeps the default 4-rank job "
-                              "(3 bundles, 6.4 GB of Atari replay) on a 16 GB node; the papers: "
-                              "1 M per actor (configs/gorila_paper.toml)", lo=1)
+                              "global: per replay rank); 300 k: 3 bundles hold 6.4 GB of Atari "
+                              "replay on a 16 GB node; the papers: 1 M per actor "
+                              "(configs/gorila_paper.toml)", lo=1)
     replay_min_fill: int = _f(50_000, "transitions in a replay memory before learning starts", lo=1)
     batch_size: int = _f(32, "minibatch size in transitions", lo=1)
     n_step: int = _f(1, "Gorila: learn from n-step returns sampled from replay (each stops at "
@@ -346,8 +349,8 @@ DEFAULT_JOB = "default_job.toml"
 
 def default_job_path() -> Path:
     """The default job's config file (``hpcrl/data/default_job.toml``): configs/gorila_pong.toml's
-    recipe, the one with a Pong learning record, rather than the field defaults (the papers'
-    values, whose AdaGrad has not learned Pong)."""
+    recipe, the one with a Pong learning record, rather than the field defaults (Gorila's
+    AdaGrad rule, which has not learned Pong)."""
     from importlib import resources
 
     return Path(str(resources.files("hpcrl.data").joinpath(DEFAULT_JOB)))

@@ -41,9 +41,9 @@ def _config_keys() -> str:
 
     from hpcrl.config import Config
 
-    lines = ["config keys (--set KEY=VALUE; the field defaults shown are the papers' values, "
-             "which the default job and each config override in part; reference: "
-             "docs/configuration.md):"]
+    lines = ["config keys (--set KEY=VALUE; the field defaults shown (Gorila's paper rule, "
+             "small-node sizes) are overridden in part by the default job and each config; "
+             "reference: docs/configuration.md):"]
     for f in dataclasses.fields(Config):
         lines.append(f"  {f.name} = {f.default!r}: {f.metadata['doc']}")
     return "\n".join(lines)
@@ -77,6 +77,14 @@ def _error(msg: str, rank: int = 0) -> int:
     return EXIT_CONFIG
 
 
+def _grace() -> None:
+    """Wait ABORT_GRACE_S before an Abort; a second interrupt cuts the wait, not the Abort."""
+    try:
+        time.sleep(ABORT_GRACE_S)
+    except BaseException:  # noqa: BLE001 - Ctrl-C twice must still abort the job
+        pass
+
+
 def _env_rank() -> int:
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if var in os.environ:
@@ -97,19 +105,23 @@ def load_job(args: argparse.Namespace):
     """The run's config: ``--config`` (else the default job) with the ``--set`` overrides.
 
     Raises:
-        ConfigError: one line; without ``--config`` it says that the default job is Gorila's
-            and how to run another algorithm.
+        ConfigError: one line; where the default job's own values clash with a ``--set`` (e.g.
+            another algo), it names the default job and says how to run another algorithm.
     """
     from hpcrl.config import ConfigError, default_job_path, load_config
 
     if args.config is not None:
         return load_config(args.config, args.set)
+    path = str(default_job_path())
     try:
-        return load_config(default_job_path(), args.set)
+        return load_config(path, args.set)
     except ConfigError as exc:
-        raise ConfigError(f"{exc} (without --config this is the default job, Gorila on Pong, "
-                          "configs/gorila_pong.toml's recipe; another algorithm starts from its "
-                          "own config, e.g. --config configs/a3c_pong.toml)") from None
+        if not str(exc).startswith(path):         # a --set of its own: the message says it
+            raise
+        raise ConfigError(f"the default job{str(exc)[len(path):]} (without --config this is the "
+                          "default job, Gorila on Pong, configs/gorila_pong.toml's recipe; "
+                          "another algorithm starts from its own config, e.g. --config "
+                          "configs/a3c_pong.toml)") from None
 
 
 def dry_run(args: argparse.Namespace) -> int:
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(exc), rank)
         return EXIT_BUSY
     except LeaseLost:               # rank 0 found another job holding its run directory;
-        time.sleep(ABORT_GRACE_S)   # the lease has printed the one error line
+        _grace()                    # the lease has printed the one error line
         comm.Abort(EXIT_BUSY)
         return EXIT_BUSY
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)
@@ -224,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"hpcrl: rank {rank} ({role}) on host {socket.gethostname()} failed:\n"
                          + traceback.format_exc())
         sys.stderr.flush()
-        time.sleep(ABORT_GRACE_S)   # Abort can kill the launcher's forwarding of the report
+        _grace()                    # Abort can kill the launcher's forwarding of the report
         comm.Abort(EXIT_FAILURE)
         return EXIT_FAILURE
 

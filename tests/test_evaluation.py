@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hpcrl.agents.evaluation import episode_quotas, evaluate, first_evaluation
-from hpcrl.config import Config, load_config
+from hpcrl.config import Config, default_job_path, load_config
 from hpcrl.envs import make_env_from_config
 from hpcrl.io.metrics import COLUMNS, MetricsWriter, read_metrics
 from hpcrl.rl.networks import build_network
@@ -118,8 +118,9 @@ def test_a_schema_1_file_reads_with_an_empty_final_group_and_resumes(tmp_path):
 CLASSIC = ("CartPole-v1", "Acrobot-v1")
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")) + [None],
-                         ids=lambda p: p.name if p else "built-in default")
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")) +
+                         [default_job_path(), None],
+                         ids=lambda p: p.name if p else "field defaults")
 def test_every_atari_config_evaluates(path):
     """Periodic evaluation on and a final evaluation of 30 episodes, as the papers report."""
     cfg = load_config(path)

@@ -79,6 +79,11 @@ def test_the_default_job_layout_follows_the_world_size(world, n_ps, n_bundles):
         len(roles) - n_ps
 
 
+def test_the_gorila_paper_record_carries_the_gorila_pong_record_of_its_rule():
+    records = load_records()
+    assert records["gorila_pong"]["pong"]["record"] in records["gorila_paper"]["pong"]["record"]
+
+
 def test_the_gorila_paper_config_runs_the_recorded_rule_at_the_paper_layout():
     """gorila_paper.toml is validated through gorila_pong's runs at a reduced layout: the two
     may differ only in the layout and the per-bundle sizes its header states."""

@@ -255,7 +255,7 @@ def test_bias_correction_is_for_shared_rmsprop_only():
 @pytest.mark.parametrize("kind", ["rmsprop_shared", "rmsprop_per_client"])
 def test_rmsprop_initial_statistic_by_hand(kind, path):
     # TensorFlow's RMSProp: v starts at 1. decay 0.9, eps 0.01, lr 0.5, theta 1, g = 2:
-    #   v = 0.9 * 1 + 0.1 * 4 = 1.3; step = 0.5 * 2 / sqrt(1.31) = 0.873704 (from 0: 2.0 / ...)
+    #   v = 0.9 * 1 + 0.1 * 4 = 1.3; step = 0.5 * 2 / sqrt(1.31) = 0.8737 (from v = 0: 1.56)
     #   g = 0.1: v = 1.17 + 0.001 = 1.171; step = 0.05 / sqrt(1.181)
     opt = ShardOptimizer(kind, 1, 2, decay=0.9, eps=0.01, initial=1.0)
     a, b = np.array([1.0], np.float32), np.empty(1, np.float32)
@@ -272,3 +272,22 @@ def test_rmsprop_initial_is_for_rmsprop_without_bias_correction():
         ShardOptimizer("adagrad", 4, 1, initial=1.0)
     with pytest.raises(ValueError, match="exclude each other"):
         ShardOptimizer("rmsprop_shared", 4, 1, initial=1.0, bias_correction=True)
+
+
+def test_the_ps_builds_its_shard_optimizer_from_the_config():
+    """make_optimizer (what a ps rank runs) hands rmsprop_initial, the decay and eps to the
+    shard's optimizer: TensorFlow's RMSProp from a3c_pong.toml with two --set."""
+    from types import SimpleNamespace
+
+    from hpcrl.config import load_config
+    from hpcrl.runtime.ps import make_optimizer
+    from tests.util import ROOT
+
+    cfg = load_config(ROOT / "configs/a3c_pong.toml",
+                      ["rmsprop_bias_correction=false", "rmsprop_initial=1"])
+    store = SimpleNamespace(shard=1, sizes=[3, 5],
+                            spec=SimpleNamespace(ranges=[(0, 3), (3, 8)], n_clients=2))
+    opt = make_optimizer(cfg, store)
+    assert opt.kind == "rmsprop_shared" and not opt.bias_correction
+    np.testing.assert_array_equal(opt.statistic(), np.ones(5, np.float32))
+    assert (opt.decay, opt.eps) == (cfg.rmsprop_decay, cfg.optim_eps)

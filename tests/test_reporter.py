@@ -26,3 +26,62 @@ def test_final_summary_by_hand():
     assert line == ("final evaluation: 2 episodes, mean return 2.00 (std 1.00, min 1, max 3), "
                     "400 frames in 2.0 s (200 frames/s over the evaluating ranks)")
     assert final_summary([], 1.0) == "final evaluation: no episodes"
+
+
+class _Counters:
+    """The ps counters a Reporter reads (a stand-in for the RMA store: no MPI windows)."""
+
+    def __init__(self):
+        self.c = {"frames": 0, "applied": 0, "dropped_stale": 0, "dropped_nonfinite": 0}
+
+    def counters(self):
+        return dict(self.c)
+
+    def zero_statistics(self):
+        import numpy as np
+
+        return np.zeros(0, np.int64)
+
+
+def _reporter(tmp_path, store, resume_frames=None):
+    from mpi4py import MPI
+
+    from hpcrl.config import load_config
+    from hpcrl.runtime.reporter import Reporter
+    from hpcrl.runtime.topology import make_layout
+    from tests.util import ROOT
+
+    cfg = load_config(ROOT / "configs/gorila_cartpole.toml")
+    return Reporter(MPI.COMM_SELF, store, cfg, make_layout(3, cfg), tmp_path,
+                    resume_frames=resume_frames)
+
+
+def test_the_end_of_a_run_writes_a_train_row_only_if_a_counter_moved(tmp_path, capsys):
+    """finish() after a report at the same counters adds no row; after frames, updates or a
+    drop count moved it adds one; a resumed start compares with the last row it kept."""
+    from hpcrl.io.metrics import read_metrics
+
+    store = _Counters()
+    rep = _reporter(tmp_path, store)
+    store.c.update(frames=100, applied=7)
+    rep.report(1.0)
+    rep.finish()                                      # nothing moved: no second row
+    assert list(read_metrics(tmp_path / "metrics.h5")["train"]["frames"]) == [100]
+
+    rep = _reporter(tmp_path, store, resume_frames=100)
+    rep.finish()                                      # the kept row already says it all
+    assert list(read_metrics(tmp_path / "metrics.h5")["train"]["frames"]) == [100]
+
+    rep = _reporter(tmp_path, store, resume_frames=100)
+    store.c.update(dropped_stale=1)                   # a late gradient dropped after the budget
+    rep.finish()
+    train = read_metrics(tmp_path / "metrics.h5")["train"]
+    assert list(train["frames"]) == [100, 100] and list(train["dropped_stale"]) == [0, 1]
+
+    rep = _reporter(tmp_path, store, resume_frames=100)
+    store.c.update(frames=180, applied=9)
+    rep.report(2.0)
+    store.c.update(frames=200)
+    rep.finish()
+    assert list(read_metrics(tmp_path / "metrics.h5")["train"]["frames"]) == [100, 100, 180, 200]
+    capsys.readouterr()

@@ -68,7 +68,7 @@ def _self_store(n_params: int, theta: np.ndarray):
 
 
 def _build(config: str | None, overrides: list[str], n_env: int = 1):
-    """(cfg, env, net) of a config (None: the field defaults, Gorila's paper values), one torch thread."""
+    """(cfg, env, net) of a config (None: the field defaults, Gorila's paper rule), one torch thread."""
     import torch
 
     from hpcrl.config import load_config

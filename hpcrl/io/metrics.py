@@ -559,9 +559,9 @@ class MetricsWriter:
                 raise error
         self.flush()
 
-    def rollback(self, frames: int) -> None:
+    def rollback(self, frames: int) -> dict[str, dict[str, np.ndarray]]:
         """Keeps only rows with `frames <= frames` in every group (after a resume), and no
-        `final` rows at all.
+        `final` rows at all; returns the kept columns of each group.
 
         The checkpoint being resumed was taken at `frames` global env frames; rows written
         after it would be played again and duplicated. The final evaluation follows the
@@ -581,6 +581,7 @@ class MetricsWriter:
                 keep[:] = False
             kept[group] = {name: col[keep] for name, col in old[group].items()}
         self._write_new_file(kept)
+        return kept
 
     def close(self, status: str = "finished") -> None:
         """Flushes, records the final status and closes (OSError if that fails: a writer whose

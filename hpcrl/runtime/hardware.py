@@ -4,7 +4,8 @@
 (AVX512-BF16 or AMX-BF16: Intel Cooper Lake, Sapphire Rapids and later, AMD Zen 4 and later);
 elsewhere oneDNN emulates the type in float32 and the learner may run slower than plain float32.
 The default job and ``configs/gorila_pong.toml`` set it, so a user on older cores is told at
-start rather than left with a slow run.
+start rather than left with a slow run. Rank 0 reads its own node's flags: on a partition of
+mixed nodes the learners' may differ.
 """
 
 from __future__ import annotations
@@ -39,6 +40,6 @@ def bfloat16_note(learner_precision: str, cpuinfo: str | None = None) -> str | N
     if flags is None or flags & BF16_FLAGS:
         return None
     return ("warning: learner_precision = \"bfloat16\" on cores without bfloat16 instructions "
-            "(no avx512_bf16 or amx_bf16 in /proc/cpuinfo): the learner may run slower than in "
-            "float32; --set learner_precision=float32 for a float32 learner (the recorded runs used "
-            "bfloat16)")
+            "(no avx512_bf16 or amx_bf16 in rank 0's /proc/cpuinfo): the learner may run "
+            "slower than in float32; --set learner_precision=float32 for a float32 learner "
+            "(the recorded runs used bfloat16)")

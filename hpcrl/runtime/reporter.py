@@ -24,6 +24,8 @@ from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.topology import Layout
 
 EARLY_STOP_WINDOW = 20       # episodes averaged by the early-stop rule
+#: The train row's counters that say whether a row would repeat the last one.
+ROW_KEY = ("frames", "updates", "dropped_stale", "dropped_outlier", "dropped_nonfinite")
 
 
 def early_stop_reason(train_returns: list[float], eval_returns: list[float],
@@ -174,8 +176,13 @@ class Reporter:
             print(f"hpcrl: warning: {run_dir} has metrics but no checkpoint; starting over, the "
                   f"old metrics are kept as {old.name}", flush=True)
         self.writer = MetricsWriter(path, attrs, resume=resume)
+        #: the counters of the last train row (None: no row yet), so that the end of a run
+        #: does not write the same row twice
+        self.reported: tuple | None = None
         if resume:
-            self.writer.rollback(resume_frames)   # rows after the checkpoint happen again
+            kept = self.writer.rollback(resume_frames)["train"]   # rows after the checkpoint
+            if len(kept["frames"]):                                # happen again
+                self.reported = tuple(int(kept[name][-1]) for name in ROW_KEY)
         self.markers = 0
         self.resume_frames = resume_frames or 0
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
@@ -193,7 +200,6 @@ class Reporter:
         self.episodes = 0
         self.t0 = time.monotonic()
         self.last_report = (self.t0, self.resume_frames)
-        self.reported: tuple[int, int] | None = None      # (frames, applied) of the last row
         if resume:
             self.episodes = self.writer.rows("episodes")
         self.buf = np.zeros(ROW_FLOATS)
@@ -243,16 +249,24 @@ class Reporter:
         if now - self.last_report[0] >= self.cfg.log_every_s:
             self.report(now)
 
-    def report(self, now: float) -> None:
-        c = self.store.counters()
+    def _totals(self) -> tuple[dict, dict]:
+        """The ps counters and the learners' summed counters."""
         total = np.sum(list(self.stats.values()), axis=0)
-        s = dict(zip(STATS_FIELDS, total))
+        return self.store.counters(), dict(zip(STATS_FIELDS, total))
+
+    @staticmethod
+    def _row_key(c: dict, s: dict) -> tuple:
+        """A train row's counters, in ROW_KEY's order."""
+        return (int(c["frames"]), int(c["applied"]), int(c["dropped_stale"]),
+                int(s["dropped_outlier"]), int(c["dropped_nonfinite"] + s["dropped_nonfinite"]))
+
+    def report(self, now: float) -> None:
+        c, s = self._totals()
         means = interval_means(self.stats_at_report, s, self.cfg.algo)
         self.stats_at_report = s
         t_prev, f_prev = self.last_report
         fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
         self.last_report = (now, c["frames"])
-        self.reported = (c["frames"], c["applied"])
         dead = self.dead_shares(c["applied"])
         self.writer.append("train", frames=c["frames"], updates=c["applied"],
                            dropped_stale=c["dropped_stale"],
@@ -260,6 +274,7 @@ class Reporter:
                            dropped_nonfinite=c["dropped_nonfinite"] + int(s["dropped_nonfinite"]),
                            frames_per_second=fps, dead_units=dead["dead_units"],
                            dead_params=dead["dead_params"], **means)  # wall_time: the file's
+        self.reported = self._row_key(c, s)
         self.flush()
         for warning in [self.collapse.update(self.returns)] + self.dead_warnings(dead,
                                                                                  c["applied"]):
@@ -397,8 +412,9 @@ class Reporter:
 
     def finish(self, status: str = "finished") -> None:
         self.drain()
-        c = self.store.counters()
-        if (c["frames"], c["applied"]) != self.reported:     # else the last row says it all
+        # Only if a counter moved since the last row, which then says it all (its wall time
+        # may come before the final evaluation's).
+        if self._row_key(*self._totals()) != self.reported:
             self.report(time.monotonic())
         if self.tty:
             print(flush=True)

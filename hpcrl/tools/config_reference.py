@@ -72,10 +72,10 @@ def render() -> str:
         "**agent step** with the standard frame skip; one per step for classic control).",
         "The resolved config of a run, every field included, is `<run_dir>/config.toml`.",
         "",
-        "The defaults below are the fields' own, the papers' values, under every config file.",
-        "Without `--config`, `python -m hpcrl.run` runs the default job,",
-        "`hpcrl/data/default_job.toml` (`configs/gorila_pong.toml`'s recipe), which overrides",
-        "some of them.",
+        "The defaults below are the fields' own, under every config file: Gorila's paper rule",
+        "(AdaGrad, lr 0.0025, 1-step targets) with sizes for a small node. Without `--config`,",
+        "`python -m hpcrl.run` runs the default job, `hpcrl/data/default_job.toml`",
+        "(`configs/gorila_pong.toml`'s recipe), which overrides some of them.",
         "",
     ]
     for title, fields in sections():

@@ -35,10 +35,11 @@ its second moment (Kingma & Ba 2015). v starts at 0, so without it the first ste
 it every step is at most about lr. Applied as lr sqrt(c) g / sqrt(v + eps c), c = 1 - a^t,
 which is the same rule and lets the fused kernel run unchanged.
 
-``initial`` (RMSProp only): v before the first step. 0 is PyTorch's RMSprop; 1 is TensorFlow's,
-as OpenAI baselines' A2C ran it: v then decays from 1 towards g^2 over ~1,000 steps (a = 0.99),
-so the first steps are about lr * g, an implicit warm-up, where bias correction makes every
-first step about lr whatever the gradient's size. A parameter without gradient reaches the
+``initial`` (RMSProp only): v before the first step. 0 is PyTorch's RMSprop; 1 is TensorFlow 1's
+RMSPropOptimizer, as OpenAI baselines' A2C ran it: v then decays from 1 towards g^2 as a^k, so
+the first steps are about lr * g and grow e-fold every ~200 steps (a = 0.99; x10 at 460, x150 at
+1,000) until v reaches g^2 (1,800-3,200 steps for g ~1e-4..1e-7): an exponential warm-up,
+where bias correction makes every first step about lr whatever the gradient's size. A parameter without gradient reaches the
 float32 floor (stored as 0) after ~8,700 steps, so ``hpcrl.diagnose`` sees it later than from 0.
 
 Client c's state lives on the ps next to the shard, so "per client" statistics cost
