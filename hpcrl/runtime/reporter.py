@@ -268,13 +268,13 @@ class Reporter:
         fps = (c["frames"] - f_prev) / max(now - t_prev, 1e-9)
         self.last_report = (now, c["frames"])
         dead = self.dead_shares(c["applied"])
+        key = self._row_key(c, s)          # the row's counters, as ROW_KEY orders them
         self.writer.append("train", frames=c["frames"], updates=c["applied"],
                            dropped_stale=c["dropped_stale"],
-                           dropped_outlier=int(s["dropped_outlier"]),
-                           dropped_nonfinite=c["dropped_nonfinite"] + int(s["dropped_nonfinite"]),
+                           dropped_outlier=key[3], dropped_nonfinite=key[4],
                            frames_per_second=fps, dead_units=dead["dead_units"],
                            dead_params=dead["dead_params"], **means)  # wall_time: the file's
-        self.reported = self._row_key(c, s)
+        self.reported = key
         self.flush()
         for warning in [self.collapse.update(self.returns)] + self.dead_warnings(dead,
                                                                                  c["applied"]):
