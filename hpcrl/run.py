@@ -19,12 +19,7 @@ import textwrap
 import time
 import traceback
 
-from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CONFIG, EXIT_FAILURE
-
-#: Seconds between a failing rank's report and its MPI Abort, which may kill the launcher's
-#: forwarding of the report (the same grace as the watchdog's and the coordinator's aborts).
-ABORT_GRACE_S = 1.0
-
+from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CONFIG, EXIT_FAILURE, abort_job
 
 EXIT_CODES = ("exit status: 0 finished (budget spent or early_stop); 1 a failure on some rank "
               "(reported with rank, role, host and traceback); 2 a config, layout or run-"
@@ -75,14 +70,6 @@ def _error(msg: str, rank: int = 0) -> int:
     if rank == 0:
         print(f"hpcrl: error: {msg}", file=sys.stderr, flush=True)
     return EXIT_CONFIG
-
-
-def _grace() -> None:
-    """Wait ABORT_GRACE_S before an Abort; a second interrupt cuts the wait, not the Abort."""
-    try:
-        time.sleep(ABORT_GRACE_S)
-    except BaseException:  # noqa: BLE001 - Ctrl-C twice must still abort the job
-        pass
 
 
 def _env_rank() -> int:
@@ -225,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(exc), rank)
         return EXIT_BUSY
     except LeaseLost:               # rank 0 found another job holding its run directory;
-        _grace()                    # the lease has printed the one error line
-        comm.Abort(EXIT_BUSY)
+        abort_job(comm, EXIT_BUSY)  # the lease has printed the one error line
         return EXIT_BUSY
     except ConfigError as exc:      # raised identically on every rank (decided by rank 0)
         return _error(str(exc), rank)
@@ -236,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"hpcrl: rank {rank} ({role}) on host {socket.gethostname()} failed:\n"
                          + traceback.format_exc())
         sys.stderr.flush()
-        _grace()                    # Abort can kill the launcher's forwarding of the report
-        comm.Abort(EXIT_FAILURE)
+        abort_job(comm, EXIT_FAILURE)
         return EXIT_FAILURE
 
 

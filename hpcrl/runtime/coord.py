@@ -39,6 +39,7 @@ from hpcrl.io import checkpoint as ck
 from hpcrl.io.files import HDF5_SLACK_BYTES
 from hpcrl.io.quota import quota_headroom
 from hpcrl.runtime import early_signals, hooks, watchdog
+from hpcrl.runtime.exits import EXIT_FAILURE, abort_job
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.store import NonFiniteState, ParameterStore
 
@@ -158,8 +159,7 @@ class Coordinator:
                          f"; aborting the job (a frozen or dead rank; generation "
                          f"{self.gen_done} is kept)\n")
         sys.stderr.flush()
-        time.sleep(1.0)             # let the launcher forward the report before Abort kills us
-        self.comm.Abort(1)
+        abort_job(self.comm, EXIT_FAILURE)
 
     def write(self, state_fn, local_error: str | None = None) -> int:
         """Step 3, collective over every rank: write, gather, manifest. Returns the stop code
@@ -243,8 +243,7 @@ class Coordinator:
                     f"size at checkpoint_min_mb_per_s); aborting the job (a file system too "
                     f"slow or stuck; generation {self.gen_done} is kept)\n")
                 sys.stderr.flush()
-                time.sleep(1.0)
-                self.comm.Abort(1)
+                abort_job(self.comm, EXIT_FAILURE)
             time.sleep(WAIT_POLL_S)
         return entries
 

@@ -33,7 +33,7 @@ from hpcrl.runtime import hooks, sizing, watchdog
 from hpcrl.runtime.client import run_client
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_FAILED, STOP_SIGNAL, Coordinator
-from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CHECKPOINT, EXIT_REQUEUE
+from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CHECKPOINT, EXIT_FAILURE, EXIT_REQUEUE, abort_job
 from hpcrl.runtime.params.store import ParameterStore, StoreSpec, load_shard_state
 from hpcrl.runtime.provenance import provenance
 from hpcrl.runtime.ps import make_optimizer, run_ps, run_replay
@@ -122,18 +122,13 @@ def run(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFactory,
     if lease is not None:
         # Another job took the directory over (this one was frozen past run_dir_lease_s):
         # stop at once, writing nothing more; that job carries the run.
-        lease.on_lost = lambda: _abort_soon(comm, EXIT_BUSY)
+        lease.on_lost = lambda: abort_job(comm, EXIT_BUSY)
     try:
         return _run_in(comm, cfg, layout, make_worker, run_dir, reset_metrics,
                        lease.check if lease is not None else None)
     finally:                  # a one-line refusal leaves the run directory as it was found
         if lease is not None:
             lease.release()
-
-
-def _abort_soon(comm: MPI.Comm, status: int) -> None:
-    time.sleep(0.5)                 # let the launcher forward the report before Abort kills us
-    comm.Abort(status)
 
 
 def announce_start(found: tuple[int, dict] | None, layout: Layout) -> None:
@@ -201,7 +196,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
                   manifest["frames"] if manifest else None, opt, hosts, origin,
                   tuple(zip(tensor_names, tensor_sizes)))
-    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: comm.Abort(1))
+    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: abort_job(comm, EXIT_FAILURE))
     hooks.after_startup(rank)
     if role == Role.PS:
         run_ps(ctx)

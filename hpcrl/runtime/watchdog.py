@@ -67,8 +67,7 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > max(self.timeout_s, self.grace_s):
                 self._report(idle)
-                time.sleep(1.0)        # let the launcher forward the report before Abort kills us
-                self.abort()
+                self.abort()           # hpcrl.runtime.exits.abort_job: a grace, then Abort
                 return
 
     def _report(self, idle: float) -> None:
