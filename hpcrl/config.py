@@ -174,6 +174,11 @@ class Config:
     gaussian_min_var: float = _f(1e-4, "A3C on continuous actions: added to the policy's "
                                  "variance (not in the paper): a variance that collapses to 0 "
                                  "makes log-densities infinite", lo=0.0)
+    obs_norm: bool = _f(False, "A3C on continuous actions: normalise each observation coordinate "
+                        "by the running mean and standard deviation of the training "
+                        "observations (not in the paper; as Stable-Baselines3's VecNormalize)")
+    obs_norm_clip: float = _f(10.0, "with obs_norm: clip normalised observations to +-this many "
+                              "standard deviations", lo=0.1)
     wait_own_update: float = _f(0.0, "asynchronous methods: after a push, wait up to this many "
                                 "seconds for the ps to apply it before pulling (0 = pull at once, "
                                 "Hogwild)", lo=0.0, hi=10.0)
@@ -338,6 +343,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.algo != "a3c" and _continuous(cfg.game):
         raise ConfigError(f"{origin}: game '{cfg.game}' has continuous actions, which only algo "
                           f"'a3c' (a Gaussian policy) handles (got '{cfg.algo}')")
+    if cfg.obs_norm and not (cfg.algo == "a3c" and _continuous(cfg.game)):
+        raise ConfigError(f"{origin}: key 'obs_norm' applies to algo 'a3c' on a continuous-"
+                          f"control task only (got '{cfg.algo}' on '{cfg.game}'); remove it")
     if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
         raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "
                           f"replay_capacity ({cfg.replay_capacity})")

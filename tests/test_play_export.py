@@ -16,6 +16,7 @@ import torch
 import hpcrl
 from hpcrl.envs import env_kwargs, make_env
 from hpcrl.io.metrics import COLUMNS, MetricsWriter, read_metrics
+from hpcrl.rl.obs_norm import find_obs_normalizer
 from hpcrl.tools import export, play, runfiles
 from hpcrl.tools.policy import PolicyFileError, export_torch, policy_from_run
 from hpcrl.tools.video import VideoError, check_video_path
@@ -24,7 +25,8 @@ from tests.util import ROOT, run_mpi
 RUNS = {"a3c": "configs/a3c_cartpole.toml", "a3c_lstm": "configs/a3c_lstm_cartpole.toml",
         "n_step_q": "configs/n_step_q_cartpole.toml"}
 #: runs of the fixture that are not CartPole (the parametrised tests above take RUNS only)
-OTHER_RUNS = {"a3c_mujoco": "configs/a3c_mujoco.toml"}          # InvertedPendulum-v5
+#: InvertedPendulum-v5 with the network's observation statistics (obs_norm)
+OTHER_RUNS = {"a3c_mujoco": ("configs/a3c_mujoco.toml", ["--set", "obs_norm=true"])}
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,10 @@ def runs(tmp_path_factory):
     """One short run per kind of network (actor-critic, LSTM actor-critic, Q), each ending
     with its final checkpoint."""
     out = {}
-    for name, config in {**RUNS, **OTHER_RUNS}.items():
+    runs = {**{name: (config, []) for name, config in RUNS.items()}, **OTHER_RUNS}
+    for name, (config, sets) in runs.items():
         run = tmp_path_factory.mktemp(name) / "run"
-        proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", config, "--set",
+        proc, _ = run_mpi(3, ["-m", "hpcrl.run", "--config", config, *sets, "--set",
                               "total_frames=3000", "--set", f"run_dir={run}", "--set", "seed=5",
                               "--set", "eval_every_frames=0"], timeout=180)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -85,6 +88,15 @@ def test_a_continuous_policy_exports_loads_and_plays_its_mean_action(runs, tmp_p
                                                                      [4], 1)
     assert meta["acting"].startswith("the mean of the Gaussian policy")
     loaded = hpcrl.load_policy(weights)
+    # the observation statistics come with the weights: the first actor-learner's, from the
+    # checkpoint, in the network's buffers
+    gen, manifest = runfiles.checkpoint_generation(run)
+    saved = runfiles.first_rank_group(run, gen, manifest, "actor-learner", "obs_norm")
+    for p in (policy, loaded):
+        stats = find_obs_normalizer(p.module).get_state()
+        assert stats["count"] == saved["count"] > 0
+        np.testing.assert_array_equal(stats["mean"], saved["mean"])
+        np.testing.assert_array_equal(stats["m2"], saved["m2"])
     first = episode.observations[0][None]
     with torch.no_grad():
         mean = policy.module(torch.from_numpy(first))[0][:, :1].numpy()

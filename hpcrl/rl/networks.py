@@ -219,12 +219,18 @@ class MLPGaussianActorCritic(_ActorCritic):
     action dimension (``std="state_independent"``), and a linear value head.
 
     The policy output is ``[B, 2 D]``: the means, then the variances (each plus ``min_var``),
-    as :func:`hpcrl.rl.gaussian.split_policy` reads it.
+    as :func:`hpcrl.rl.gaussian.split_policy` reads it. With ``obs_norm_clip`` the observations
+    first pass an :class:`hpcrl.rl.obs_norm.ObsNormalizer` clipping at that many standard
+    deviations (``obs_norm``: not in the paper).
     """
 
     def __init__(self, obs_dim: int, action_dim: int, lstm: bool = False, hidden: int = 200,
-                 std: str = "softplus", min_var: float = 1e-4, lstm_size: int = 128):
+                 std: str = "softplus", min_var: float = 1e-4, lstm_size: int = 128,
+                 obs_norm_clip: float | None = None):
         super().__init__()
+        from hpcrl.rl.obs_norm import ObsNormalizer
+
+        self.obs_norm = ObsNormalizer(obs_dim, obs_norm_clip) if obs_norm_clip else None
         if std not in ("softplus", "state_independent"):
             raise ValueError(f"unknown gaussian std {std!r} (softplus, state_independent)")
         self.action_dim, self.min_var = action_dim, min_var
@@ -237,6 +243,8 @@ class MLPGaussianActorCritic(_ActorCritic):
                 torso_dtype: torch.dtype | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
         """obs [B, obs_dim] -> policy output [B, 2 D] (means, variances), value [B], state."""
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs.float())
         out, value, state = super().forward(obs, state, torso_dtype)
         if self.log_std is None:
             d = self.action_dim
@@ -322,17 +330,21 @@ def init_lstm_orthogonal(cell: nn.LSTMCell, forget_bias: float = 1.0) -> nn.LSTM
 def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
                        hidden: int = 64, init: str = "torch", continuous: bool = False,
                        std: str = "softplus", min_var: float = 1e-4,
-                       lstm_init: str = "torch") -> _ActorCritic:
+                       lstm_init: str = "torch", obs_norm_clip: float | None = None
+                       ) -> _ActorCritic:
     """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones, the Gaussian
     one (``num_actions`` = the action dimension) for ``continuous`` actions; ``init``:
     "torch" (torch's default initialisation) or "orthogonal" (`init_orthogonal`);
-    ``lstm_init``: the LSTM cell's, "torch" or "orthogonal" (`init_lstm_orthogonal`)."""
+    ``lstm_init``: the LSTM cell's, "torch" or "orthogonal" (`init_lstm_orthogonal`);
+    ``obs_norm_clip``: normalise the Gaussian policy's observations, clipped at this many
+    standard deviations (None: raw observations)."""
     for name, value in (("init", init), ("lstm_init", lstm_init)):
         if value not in INITS:
             raise ValueError(f"unknown {name} {value!r} ({', '.join(INITS)})")
     if continuous:
         net = MLPGaussianActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm,
-                                     hidden=hidden, std=std, min_var=min_var)
+                                     hidden=hidden, std=std, min_var=min_var,
+                                     obs_norm_clip=obs_norm_clip)
     elif len(obs_shape) == 3:
         net = A3CNetwork(tuple(obs_shape), num_actions, lstm=lstm)
     else:
@@ -360,5 +372,6 @@ def build_network(cfg: "Config", obs_shape: tuple[int, ...], num_actions: int) -
         return build_actor_critic(obs_shape, num_actions, lstm=cfg.lstm, hidden=cfg.mlp_hidden,
                                   init=cfg.init, continuous=continuous_id(cfg.game) is not None,
                                   std=cfg.gaussian_std, min_var=cfg.gaussian_min_var,
-                                  lstm_init=cfg.lstm_init)
+                                  lstm_init=cfg.lstm_init,
+                                  obs_norm_clip=cfg.obs_norm_clip if cfg.obs_norm else None)
     return build_q_network(obs_shape, num_actions, kind=cfg.network, hidden=cfg.mlp_hidden)

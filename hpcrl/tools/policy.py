@@ -127,7 +127,10 @@ class Policy:
                 "noop_max": cfg.noop_max, "sticky_prob": cfg.sticky_prob,
                 "max_episode_frames": cfg.max_episode_frames,
             } if len(self.obs_shape) == 3 else {
-                "observation": "the environment's state vector, float32, unscaled",
+                "observation": "the environment's state vector, float32, unscaled" + (
+                    "; the network normalises it with the running statistics in its "
+                    "obs_norm buffers (count, mean, m2: variance = m2 / count)"
+                    if cfg.obs_norm else ""),
                 "max_episode_frames": cfg.max_episode_frames,
             }),
             "parameters": {n: list(p.shape) for n, p in self.module.named_parameters()},
@@ -171,8 +174,24 @@ def policy_from_run(run_dir: str | Path, generation: int | None = None, *, targe
         raise runfiles.RunFilesError(f"{run_dir}: generation {gen} holds {flat.size} parameters, "
                                      f"the run's network {layout.size}")
     layout.from_flat(net, np.ascontiguousarray(flat, np.float32))
+    _load_obs_statistics(net, run_dir, gen, manifest)
     return Policy(net, cfg, obs_shape, action_ids, Source(str(run_dir), gen,
                                                           int(manifest["frames"])), **acting)
+
+
+def _load_obs_statistics(net: torch.nn.Module, run_dir: Path, gen: int, manifest: dict) -> None:
+    """obs_norm: the first actor-learner's observation statistics of the generation (each
+    actor-learner keeps its own, from the same distribution; :mod:`hpcrl.rl.obs_norm`)."""
+    from hpcrl.rl.obs_norm import find_obs_normalizer
+
+    normalizer = find_obs_normalizer(net)
+    if normalizer is None:
+        return
+    state = runfiles.first_rank_group(run_dir, gen, manifest, "actor-learner", "obs_norm")
+    if state is None:
+        raise runfiles.RunFilesError(f"{run_dir}: generation {gen} holds no observation "
+                                     "statistics (obs_norm) for the run's network")
+    normalizer.set_state(state)
 
 
 def metadata_path(weights: Path) -> Path:

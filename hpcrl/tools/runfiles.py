@@ -96,3 +96,21 @@ def has_dataset(run_dir: Path, gen: int, manifest: dict, name: str) -> bool:
             return name in f
     except OSError as exc:
         raise RunFilesError(f"{gdir / first}: unreadable ({exc})") from None
+
+
+def first_rank_group(run_dir: Path, gen: int, manifest: dict, role: str, group: str
+                     ) -> dict[str, np.ndarray] | None:
+    """The datasets under ``group/`` in the file of the first rank with ``role`` in generation
+    ``gen`` (e.g. the first actor-learner's observation statistics), or None if it has none."""
+    gdir = ckpt.gen_dir(Path(run_dir) / "checkpoints", gen)
+    file = next((e["file"] for e, r in zip(manifest["files"], manifest["roles"]) if r == role),
+                None)
+    if file is None:
+        raise RunFilesError(f"{gdir}: the manifest lists no {role} rank files")
+    try:
+        with h5py.File(gdir / file, "r") as f:
+            if group not in f:
+                return None
+            return {name: ds[...] for name, ds in f[group].items()}
+    except OSError as exc:
+        raise RunFilesError(f"{gdir / file}: unreadable ({exc})") from None

@@ -30,6 +30,7 @@ from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import StepResult, make_env_from_config
 from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy, GaussianPolicy
 from hpcrl.rl.networks import build_network
+from hpcrl.rl.obs_norm import find_obs_normalizer
 from hpcrl.rl.policies import learning_rate
 from hpcrl.runtime import hooks
 from hpcrl.runtime.context import Context
@@ -73,6 +74,10 @@ class ActorLearnerWorker(WorkerBase):
         # value this rank saw plus its own frames since.
         self.rollout_frames = 0
         self.obs = env.reset()
+        # obs_norm: the statistics of every observation the training environments produce
+        self.obs_norm = find_obs_normalizer(net)
+        if self.obs_norm is not None:
+            self.obs_norm.observe(self.obs)
         self.a_next = None
         self.rollouts = 0
         # This rank evaluates every eval_every_frames of its own frames (no evaluator ranks),
@@ -89,6 +94,8 @@ class ActorLearnerWorker(WorkerBase):
 
     def _on_step(self, res: StepResult) -> None:
         self.rollout_frames += self.frames_per_step
+        if self.obs_norm is not None:
+            self.obs_norm.observe(res.obs)
         for i in np.flatnonzero(res.episode_end):
             self.link.episode(self.frames_seen + self.rollout_frames,
                               float(res.episode_return[i]), int(res.episode_frames[i]))
@@ -146,6 +153,8 @@ class ActorLearnerWorker(WorkerBase):
                "next_eval": np.int64(self.next_eval)}
         if self.a_next is not None:
             out["a_next"] = np.asarray(self.a_next)
+        if self.obs_norm is not None:
+            out.update(with_prefix("obs_norm", self.obs_norm.get_state()))
         return out
 
     def set_state(self, state: dict) -> None:
@@ -158,6 +167,8 @@ class ActorLearnerWorker(WorkerBase):
         self.a_next = np.array(state["a_next"]) if "a_next" in state else None
         self.rollouts = int(state["rollouts"])
         self.next_eval = int(state["next_eval"])
+        if self.obs_norm is not None:
+            self.obs_norm.set_state(sub_state(state, "obs_norm"))
 
     def close(self) -> None:
         self.env.close()

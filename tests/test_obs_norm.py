@@ -1,0 +1,85 @@
+"""Observation normalisation (obs_norm): the moment merge against numpy over the whole data,
+the layer's output by hand, and that only `observe` moves the statistics."""
+
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.config import ConfigError, load_config
+from hpcrl.rl.networks import build_network
+from hpcrl.rl.obs_norm import ObsNormalizer, find_obs_normalizer, merge_moments, variance
+
+
+def test_merged_moments_are_those_of_all_the_data():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 5.0, size=(b, 4)) * [1, 10, 0.1, 1e3] for b in (1, 7, 1, 30, 2)]
+    count, mean, m2 = 0.0, np.zeros(4), np.zeros(4)
+    for batch in batches:
+        count, mean, m2 = merge_moments(count, mean, m2, batch)
+    data = np.concatenate(batches)
+    assert count == len(data)
+    np.testing.assert_allclose(mean, data.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(variance(count, m2), data.var(axis=0), rtol=1e-10)
+
+
+def test_an_empty_batch_changes_nothing_and_no_data_means_unit_variance():
+    assert merge_moments(0.0, np.zeros(2), np.zeros(2), np.zeros((0, 2)))[0] == 0.0
+    np.testing.assert_array_equal(variance(0.0, np.zeros(3)), np.ones(3))
+
+
+def test_normalised_observation_by_hand():
+    norm = ObsNormalizer(2, clip=10.0)
+    x = torch.tensor([[3.0, 0.0]])
+    torch.testing.assert_close(norm(x), x)                   # no data yet: the identity
+    norm.observe(np.array([[0.0, 10.0], [2.0, 30.0]]))       # mean (1, 20), variance (1, 100)
+    torch.testing.assert_close(norm(x), torch.tensor([[2.0, -2.0]]), rtol=1e-6, atol=1e-6)
+    norm.clip = 1.5
+    torch.testing.assert_close(norm(x), torch.tensor([[1.5, -1.5]]))
+
+
+def test_forward_never_moves_the_statistics_and_state_dict_carries_them():
+    norm = ObsNormalizer(3)
+    norm.observe(np.arange(12.0).reshape(4, 3))
+    before = norm.get_state()
+    out = norm(torch.ones(5, 3))
+    for key, value in norm.get_state().items():
+        np.testing.assert_array_equal(value, before[key])
+    other = ObsNormalizer(3)
+    other.load_state_dict(norm.state_dict())                 # the exported file's path
+    torch.testing.assert_close(other(torch.ones(5, 3)), out)
+    third = ObsNormalizer(3)
+    third.set_state(before)                                  # a checkpoint's path
+    torch.testing.assert_close(third(torch.ones(5, 3)), out)
+    with pytest.raises(ValueError, match="coordinates"):
+        ObsNormalizer(2).set_state(before)
+
+
+def _cfg(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def test_the_gaussian_network_normalises_only_with_obs_norm(tmp_path):
+    plain = _cfg(tmp_path, 'algo = "a3c"\ngame = "InvertedPendulum-v5"\n')
+    normed = _cfg(tmp_path, 'algo = "a3c"\ngame = "InvertedPendulum-v5"\nobs_norm = true\n'
+                            'obs_norm_clip = 5.0\n')
+    assert find_obs_normalizer(build_network(plain, (4,), 1)) is None
+    net = build_network(normed, (4,), 1)
+    assert find_obs_normalizer(net).clip == 5.0
+    # statistics are buffers: the parameter servers' flat vector is the same size
+    assert sum(p.numel() for p in net.parameters()) == \
+        sum(p.numel() for p in build_network(plain, (4,), 1).parameters())
+    torch.manual_seed(0)
+    obs = torch.randn(3, 4) * 100
+    find_obs_normalizer(net).observe(obs.numpy())
+    normalised = find_obs_normalizer(net)(obs)
+    plain_net = build_network(plain, (4,), 1)
+    plain_net.load_state_dict({k: v for k, v in net.state_dict().items()
+                               if not k.startswith("obs_norm.")})
+    torch.testing.assert_close(net(obs)[0], plain_net(normalised)[0])
+
+
+def test_obs_norm_is_refused_outside_continuous_control(tmp_path):
+    with pytest.raises(ConfigError, match="obs_norm"):
+        _cfg(tmp_path, 'algo = "a3c"\ngame = "pong"\nobs_norm = true\n')
