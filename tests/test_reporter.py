@@ -85,3 +85,27 @@ def test_the_end_of_a_run_writes_a_train_row_only_if_a_counter_moved(tmp_path, c
     rep.finish()
     assert list(read_metrics(tmp_path / "metrics.h5")["train"]["frames"]) == [100, 100, 180, 200]
     capsys.readouterr()
+
+
+def test_a_resume_continues_the_return_windows_from_the_kept_rows(tmp_path, capsys):
+    """After a resume the log line's means, early stop and the collapse watch read the
+    returns of the rows kept in metrics.h5 (those up to the checkpoint), not an empty window:
+    a run at +18 in evaluation before a preemption must not wait for 20 new evaluation
+    episodes, nor fall back to its training returns meanwhile."""
+    store = _Counters()
+    rep = _reporter(tmp_path, store)
+    for i in range(25):
+        rep.writer.append("episodes", frames=10 * i, return_=float(i), length=100, rank=1)
+    for i in range(20):
+        rep.writer.append("eval", frames=10 * i, return_=18.0 + (i % 2), length=100, rank=1)
+    rep.writer.append("eval", frames=500, return_=-21.0, length=100, rank=1)  # after the ckpt
+    store.c.update(frames=240, applied=3)
+    rep.report(1.0)
+    rep.writer.close("preempted")
+
+    rep = _reporter(tmp_path, store, resume_frames=240)
+    assert rep.returns == [float(i) for i in range(25)]
+    assert rep.eval_returns == [18.0 + (i % 2) for i in range(20)]
+    assert early_stop_reason(rep.returns, rep.eval_returns, 18.0) == \
+        "mean return of the last 20 evaluation episodes 18.5 >= 18.0"
+    capsys.readouterr()

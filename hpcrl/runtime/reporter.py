@@ -179,10 +179,17 @@ class Reporter:
         #: the counters of the last train row (None: no row yet), so that the end of a run
         #: does not write the same row twice
         self.reported: tuple | None = None
+        #: training and evaluation returns in arrival order: the log line's means, early
+        #: stop and the collapse watch read them; a resume continues them from metrics.h5
+        self.returns: list[float] = []
+        self.eval_returns: list[float] = []
         if resume:
-            kept = self.writer.rollback(resume_frames)["train"]   # rows after the checkpoint
-            if len(kept["frames"]):                                # happen again
-                self.reported = tuple(int(kept[name][-1]) for name in ROW_KEY)
+            kept = self.writer.rollback(resume_frames)            # rows after the checkpoint
+            train = kept["train"]                                  # happen again
+            if len(train["frames"]):
+                self.reported = tuple(int(train[name][-1]) for name in ROW_KEY)
+            self.returns = kept["episodes"]["return"].tolist()
+            self.eval_returns = kept["eval"]["return"].tolist()
         self.markers = 0
         self.resume_frames = resume_frames or 0
         self.stats = {r: np.zeros(len(STATS_FIELDS)) for r in self.clients}
@@ -193,8 +200,6 @@ class Reporter:
         #: the network's (name, size) in the flat order; the layers already said half dead
         self.tensors = tuple(tensors)
         self.half_dead: set[str] = set()
-        self.returns: list[float] = []
-        self.eval_returns: list[float] = []
         self.final_rows: list[tuple[float, float]] = []     # (return, length) of each
         self.final_done: set[int] = set()      # clients whose final evaluation is complete
         self.episodes = 0
