@@ -16,7 +16,6 @@ import os
 import socket
 import sys
 import textwrap
-import time
 import traceback
 
 from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CONFIG, EXIT_FAILURE, abort_job

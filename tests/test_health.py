@@ -68,6 +68,29 @@ def test_collapse_warned_once_per_fall_and_again_after_a_recovery():
     assert watch.update(returns) is None               # still down: no repeat
 
 
+def test_a_resumed_watch_warns_of_a_fall_as_the_live_one_does():
+    """After a resume the watch catches up on the kept returns: a run that had risen from -21
+    to +17 before the stop is warned of a fall after it (an empty watch would take the last
+    returns before the stop as its first window and stay silent)."""
+    before = [-21.0] * 4 + [-10.0] * 4 + [17.0] * 4        # up to the checkpoint
+    after = [17.0, -21.0, -21.0, -21.0]                     # the fall, after the resume
+    live, resumed = CollapseWatch(window=4), CollapseWatch(window=4)
+    returns = []
+    for r in before:
+        returns.append(r)
+        assert live.update(returns) is None
+    resumed.catch_up(list(before))
+    assert (resumed.first, resumed.best) == (live.first, live.best) == (-21.0, 17.0)
+    said_live, said_resumed = [], []
+    for r in after:
+        returns.append(r)
+        said_live.append(live.update(returns))
+        said_resumed.append(resumed.update(returns))
+    assert said_resumed == said_live and sum(map(bool, said_live)) == 1
+    empty = CollapseWatch(window=4)                     # without catch_up: silent
+    assert not any(empty.update(before + after[:k + 1]) for k in range(len(after)))
+
+
 def test_no_warning_for_a_run_that_never_rose_clearly():
     watch = CollapseWatch()                            # the reporter's: 20 episodes
     rng = np.random.default_rng(0)

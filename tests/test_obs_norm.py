@@ -83,3 +83,12 @@ def test_the_gaussian_network_normalises_only_with_obs_norm(tmp_path):
 def test_obs_norm_is_refused_outside_continuous_control(tmp_path):
     with pytest.raises(ConfigError, match="obs_norm"):
         _cfg(tmp_path, 'algo = "a3c"\ngame = "pong"\nobs_norm = true\n')
+
+
+def test_observations_with_nan_or_inf_are_left_out():
+    norm = ObsNormalizer(2)
+    norm.observe(np.array([[1.0, 2.0], [np.nan, 0.0], [3.0, np.inf], [3.0, 4.0]]))
+    state = norm.get_state()
+    assert state["count"] == 2.0
+    np.testing.assert_array_equal(state["mean"], [2.0, 3.0])
+    assert torch.isfinite(norm(torch.ones(1, 2))).all()

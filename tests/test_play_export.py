@@ -109,6 +109,27 @@ def test_a_continuous_policy_exports_loads_and_plays_its_mean_action(runs, tmp_p
 
 
 @pytest.mark.mpi
+def test_a_resume_must_keep_obs_norm_as_the_checkpoint_was_written(runs):
+    """The observation statistics are part of the network but not of its parameters: the
+    manifest records obs_norm, and a job with the other value is refused (one line, on every
+    rank), also where the run directory's config.toml is gone."""
+    from mpi4py import MPI
+
+    from hpcrl.config import ConfigError
+    from hpcrl.runtime.rundir import find_resume
+    from hpcrl.runtime.topology import make_layout
+
+    run = runs["a3c_mujoco"]
+    cfg = runfiles.load_run_config(run)
+    n_params = sum(p.numel() for p in policy_from_run(run).module.parameters())
+    layout = make_layout(3, cfg)
+    found, _ = find_resume(MPI.COMM_SELF, run, layout, n_params, obs_norm=True)
+    assert found is not None
+    with pytest.raises(ConfigError, match="was written with obs_norm = true"):
+        find_resume(MPI.COMM_SELF, run, layout, n_params, obs_norm=False)
+
+
+@pytest.mark.mpi
 def test_lstm_state_is_carried_within_an_episode_and_reset_at_its_end(runs):
     policy = policy_from_run(runs["a3c_lstm"], greedy=True)
     obs = np.array([[0.01, 0.2, -0.03, -0.1]], np.float32)

@@ -13,8 +13,11 @@ hold them and no gradient reaches them), so acting, the rollout's gradient, eval
 exported policy all normalise the same way. Each actor-learner keeps its own statistics of the
 observations its environments produce (the ranks see one distribution, so they agree closely;
 an exported policy takes the first actor-learner's), saved with the rank's checkpoint state.
-Statistics are only updated by :meth:`ObsNormalizer.observe`, which the training loop calls
-with each step's observations; a forward pass never changes them, so evaluation does not.
+Statistics are only updated by :meth:`ObsNormalizer.observe`, which the actor-learner calls
+once per rollout, after the rollout's gradient, with the observations the rollout's steps
+returned (the first of a new episode where one ended; the last of an ended episode is not
+seen by the policy, so it is not counted): the gradient sees the states normalised as they
+were when the policy acted. A forward pass never changes them, so evaluation does not.
 
 The moments are merged batch by batch with Chan, Golub and LeVeque's parallel update (1979),
 in float64: the mean and sum of squared deviations of all observations so far, exactly those
@@ -75,7 +78,11 @@ class ObsNormalizer(nn.Module):
         self._scale = torch.from_numpy(1.0 / np.sqrt(var + VAR_EPS)).float()
 
     def observe(self, obs: np.ndarray) -> None:
-        """Add a batch of training observations [B, D] to the statistics."""
+        """Add a batch of training observations [B, D] to the statistics. Rows with a NaN or
+        an infinity (an unstable simulation) are left out: one would poison the statistics,
+        and with them every later forward pass, for the rest of the run."""
+        obs = np.asarray(obs, np.float64)
+        obs = obs[np.isfinite(obs.reshape(len(obs), -1)).all(axis=1)] if len(obs) else obs
         count, mean, m2 = merge_moments(float(self.count), self.mean.numpy(), self.m2.numpy(),
                                         obs)
         self.count.fill_(count)

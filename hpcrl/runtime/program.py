@@ -18,7 +18,6 @@ is handed in by the command line. ps and replay ranks never import torch.
 from __future__ import annotations
 
 import socket
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -49,7 +48,7 @@ STALL_SHARE = 0.8
 #: A client waiting for a ps to take its gradient beats its watchdog and names that ps after
 #: ``watchdog_s`` plus this: a ps that is alive but stuck reports itself (with its stack) first.
 PEER_GRACE_S = 10.0
-#: A client rank may take this many times ``watchdog_s`` to build its worker (torch import).
+#: A client rank may take this many times ``watchdog_s`` to build its worker (networks, envs).
 STARTUP_WATCHDOG_SHARE = 4.0
 
 
@@ -83,13 +82,17 @@ def initial_network(cfg: Config) -> tuple[np.ndarray, list[int], list[str]]:
     return layout.to_flat(net), [e - o for o, e in zip(layout.offsets, ends)], list(layout.names)
 
 
-def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int
-              ) -> tuple[list[str] | None, float]:
+def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int,
+              memory_available: float | None = None) -> tuple[list[str] | None, float]:
     """Collective. Rank 0 prints the memory each node and the disk the checkpoints need
     (:mod:`hpcrl.runtime.sizing`) and, with ``cfg.preflight``, refuses a job that does not
     fit: the same one-line ConfigError on every rank. Returns every rank's host on rank 0 (None
-    elsewhere) and, on every rank, the bytes of one checkpoint generation."""
-    mine = (socket.gethostname(), sizing.memory_available())
+    elsewhere) and, on every rank, the bytes of one checkpoint generation.
+
+    ``memory_available``: this node's free memory as measured before the rank imported torch
+    (the sizing counts torch's share of each client itself); measured now if None."""
+    free = sizing.memory_available() if memory_available is None else memory_available
+    mine = (socket.gethostname(), free)
     gathered = comm.gather(mine, root=0)
     error, hosts, generation_bytes = None, None, 0.0
     if comm.Get_rank() == 0:
@@ -157,20 +160,23 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
               f" {MPI.Get_library_version().splitlines()[0].strip()}, host {socket.gethostname()}",
               flush=True)
     first_client = layout.client_ranks[0]
+    memory_free = sizing.memory_available()           # before torch: the sizing counts it
     if role not in (Role.PS, Role.REPLAY):
         # Every client needs torch for its worker: importing it now, beside the first
         # client's import for theta0, instead of after theta0's broadcast, takes one import's
-        # time off the start of every job (seconds of CPU per rank).
+        # time off the start of every job (seconds of CPU per rank). Like the first client's
+        # import before it, this runs before the watchdog: an import hung on a file system
+        # holds the job at the broadcast below until its time limit.
         import torch  # noqa: F401
     theta0, tensor_sizes, tensor_names = (initial_network(cfg) if rank == first_client
                                           else (None, None, None))
     tensor_sizes, tensor_names = comm.bcast((tensor_sizes, tensor_names), root=first_client)
     n_params = sum(tensor_sizes)
-    found, highest_gen = find_resume(comm, run_dir, layout, n_params)
+    found, highest_gen = find_resume(comm, run_dir, layout, n_params, cfg.obs_norm)
     check_metrics(comm, run_dir, found, reset_metrics)
     if rank == 0:
         announce_start(found, layout)
-    hosts, generation_bytes = preflight(comm, cfg, layout, run_dir, n_params)
+    hosts, generation_bytes = preflight(comm, cfg, layout, run_dir, n_params, memory_free)
     origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
               if rank == 0 else None)
     if rank == 0:
@@ -188,7 +194,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
             load_shard_state(store, opt, state)
     store.initialize(None if found else theta0)
     info = dict(roles=layout.role_names(), world_size=layout.world_size,
-                n_params=n_params, algo=cfg.algo, game=cfg.game, seed=cfg.seed,
+                n_params=n_params, obs_norm=cfg.obs_norm, algo=cfg.algo, game=cfg.game,
+                seed=cfg.seed,
                 hpcrl_version=__version__, provenance=origin)
     coord = Coordinator(comm, store, run_dir / "checkpoints", gen_done=max(gen, highest_gen),
                         every_s=cfg.checkpoint_every_min * 60, keep=cfg.checkpoint_keep,
@@ -208,7 +215,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     elif role == Role.REPLAY:
         run_replay(ctx)
     else:
-        # Building a worker imports torch and makes environments: on a shared file system
+        # Building a worker builds networks and makes environments: on a shared file system
         # with many ranks starting at once that can take several times watchdog_s.
         with watchdog.allow(STARTUP_WATCHDOG_SHARE * cfg.watchdog_s):
             worker = make_worker(ctx, role)

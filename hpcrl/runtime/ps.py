@@ -84,8 +84,9 @@ def run_ps(ctx: Context) -> None:
 
 def _rank0_tick(ctx: Context, reporter: Reporter):
     """Rank 0's tick: gather metrics, then (``early_stop``) end the run like a spent budget
-    once the rule holds. It sees only the returns since this start: the file's earlier rows
-    were judged before the resume."""
+    once the rule holds. After a resume its windows hold the returns that metrics.h5 kept
+    (those up to the checkpoint), so a resume that switches early_stop on stops at once
+    where the rule already held."""
     stopped = False
     frames = ctx.store.word(Word.FRAMES)
     request = ctx.run_dir / CHECKPOINT_REQUEST

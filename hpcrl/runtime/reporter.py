@@ -112,7 +112,16 @@ class CollapseWatch:
         """The warning's text when the fall happens now, else None."""
         if len(returns) < self.window:
             return None
-        recent = np.asarray(returns[-self.window:], np.float64)
+        return self._judge(returns[-self.window:])
+
+    def catch_up(self, returns: list[float]) -> None:
+        """Judge the returns of earlier starts (a resume) at every episode, without warning:
+        first, best and the arming carry on as if this watch had seen them live."""
+        for end in range(self.window, len(returns) + 1):
+            self._judge(returns[end - self.window:end])
+
+    def _judge(self, window_returns: list[float]) -> str | None:
+        recent = np.asarray(window_returns, np.float64)
         mean = float(recent.mean())
         if self.first is None:
             self.first = mean
@@ -197,6 +206,7 @@ class Reporter:
         self.stats_at_report = (None if resume_frames is not None
                                 else dict.fromkeys(STATS_FIELDS, 0.0))
         self.collapse = CollapseWatch()
+        self.collapse.catch_up(self.returns)
         #: the network's (name, size) in the flat order; the layers already said half dead
         self.tensors = tuple(tensors)
         self.half_dead: set[str] = set()

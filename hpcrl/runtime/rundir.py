@@ -102,7 +102,8 @@ def write_config(run_dir: Path, cfg: Config) -> None:
     replace_text(run_dir / "config.toml", to_toml(cfg))
 
 
-def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
+def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int,
+                obs_norm: bool = False):
     """Rank 0 picks the newest complete checkpoint generation and checks that this job can
     continue it; every rank gets ((generation, manifest) or None, the highest generation number
     on disk), or the same ConfigError. New generations are numbered above every directory on
@@ -125,6 +126,11 @@ def find_resume(comm: MPI.Comm, run_dir: Path, layout: Layout, n_params: int):
             elif manifest.get("n_params") != n_params:
                 error = (f"checkpoint generation {gen} has {manifest.get('n_params')} network "
                          f"parameters, this network has {n_params}")
+            elif bool(manifest.get("obs_norm", False)) != obs_norm:
+                error = (f"checkpoint generation {gen} in {run_dir} was written with obs_norm "
+                         f"= {str(not obs_norm).lower()} (observation statistics are part of "
+                         f"the network); resume it with the same value or start another run "
+                         f"directory")
     found, error, highest = comm.bcast((found, error, highest), root=0)
     if error:
         raise ConfigError(error)

@@ -129,7 +129,8 @@ class Policy:
             } if len(self.obs_shape) == 3 else {
                 "observation": "the environment's state vector, float32, unscaled" + (
                     "; the network normalises it with the running statistics in its "
-                    "obs_norm buffers (count, mean, m2: variance = m2 / count)"
+                    "obs_norm buffers: clip((x - mean) / sqrt(m2 / count + 1e-8), "
+                    f"-{cfg.obs_norm_clip:g}, {cfg.obs_norm_clip:g})"
                     if cfg.obs_norm else ""),
                 "max_episode_frames": cfg.max_episode_frames,
             }),

@@ -74,8 +74,11 @@ class ActorLearnerWorker(WorkerBase):
         # value this rank saw plus its own frames since.
         self.rollout_frames = 0
         self.obs = env.reset()
-        # obs_norm: the statistics of every observation the training environments produce
+        # obs_norm: the statistics of the observations the training environments produce,
+        # updated once per rollout after its gradient, so that the gradient sees the
+        # observations normalised as they were when the policy acted on them
         self.obs_norm = find_obs_normalizer(net)
+        self.new_obs: list[np.ndarray] = []
         if self.obs_norm is not None:
             self.obs_norm.observe(self.obs)
         self.a_next = None
@@ -95,7 +98,7 @@ class ActorLearnerWorker(WorkerBase):
     def _on_step(self, res: StepResult) -> None:
         self.rollout_frames += self.frames_per_step
         if self.obs_norm is not None:
-            self.obs_norm.observe(res.obs)
+            self.new_obs.append(res.obs)
         for i in np.flatnonzero(res.episode_end):
             self.link.episode(self.frames_seen + self.rollout_frames,
                               float(res.episode_return[i]), int(res.episode_frames[i]))
@@ -111,6 +114,9 @@ class ActorLearnerWorker(WorkerBase):
         if cfg.algo == "one_step_sarsa":
             self.a_next = self.policy.act(self.obs)   # a' in s_T, taken first in the next rollout
         grad = self.gradient(rollout, self.a_next)
+        if self.new_obs:
+            self.obs_norm.observe(np.concatenate(self.new_obs))
+            self.new_obs.clear()
         if grad is not None:
             store.push(grad, self.versions, learning_rate(cfg, self.frames_seen),
                        self.learner.sq_norm)
@@ -168,7 +174,11 @@ class ActorLearnerWorker(WorkerBase):
         self.rollouts = int(state["rollouts"])
         self.next_eval = int(state["next_eval"])
         if self.obs_norm is not None:
-            self.obs_norm.set_state(sub_state(state, "obs_norm"))
+            saved = sub_state(state, "obs_norm")
+            if saved is None:   # find_resume refuses this; a checkpoint from before obs_norm
+                raise ValueError("the checkpoint holds no observation statistics: it was "
+                                 "written with obs_norm = false")
+            self.obs_norm.set_state(saved)
 
     def close(self) -> None:
         self.env.close()
