@@ -160,3 +160,21 @@ def test_the_gaussian_lstm_unrolls_as_it_acted_across_episode_ends():
     grad = learner.gradient(rollouts[-1])
     lstm_grads = [g for g, name in zip(grad, learner.layout.names) if name.startswith("lstm.")]
     assert lstm_grads and all(np.abs(g).max() > 0 for g in lstm_grads)
+
+
+def test_a_mujoco_warning_is_said_once_and_writes_no_log_file(tmp_path, monkeypatch, capfd):
+    """gymnasium's HalfCheetah-v5 model warns at every load (settotalmass is deprecated): one
+    line per process on stderr, not one per environment, and no MUJOCO_LOG.TXT."""
+    from hpcrl.envs import continuous
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(continuous, "_SAID", set())
+    for _ in range(3):
+        env = make_env("HalfCheetah-v5", 2, 0, training=False)
+        env.reset()
+        env.close()
+    err = capfd.readouterr().err
+    assert err.count("hpcrl: MuJoCo warning (said once per rank): compiler attribute "
+                     "'settotalmass' is deprecated") == 1, err
+    assert "WARNING:" not in err
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()

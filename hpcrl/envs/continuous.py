@@ -17,9 +17,36 @@ their ``state`` vector, and each task's RNG, so a resume continues every episode
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from hpcrl.envs.classic import ClassicControlEnv
+
+#: MuJoCo warnings this process has already said (each is said once)
+_SAID: set[str] = set()
+
+
+def say_mujoco_warning_once(text: str) -> None:
+    """MuJoCo's warning handler here: each distinct text once per process, to stderr.
+
+    Without a handler MuJoCo prints a model's compiler warnings at every load (a new
+    environment: every evaluation) and appends them to ``MUJOCO_LOG.TXT`` in the working
+    directory; gymnasium's HalfCheetah-v5 model alone warns that ``settotalmass`` is
+    deprecated, which filled a run's log."""
+    text = str(text).strip()
+    if text not in _SAID:
+        _SAID.add(text)
+        print(f"hpcrl: MuJoCo warning (said once per rank): {text}", file=sys.stderr,
+              flush=True)
+
+
+def _handle_mujoco_warnings() -> None:
+    try:
+        import mujoco
+    except ImportError:                   # Pendulum-v1 and MountainCar need no MuJoCo
+        return
+    mujoco.set_mju_user_warning(say_mujoco_warning_once)
 
 
 def check_float_actions(actions: np.ndarray, num_envs: int, action_dim: int) -> np.ndarray:
@@ -44,6 +71,7 @@ class ContinuousControlEnv(ClassicControlEnv):
                  max_episode_frames: int = 108_000, clip_rewards: bool = False):
         import gymnasium
 
+        _handle_mujoco_warnings()
         try:
             super().__init__(game, num_envs, seed, training=training,
                              max_episode_frames=max_episode_frames, clip_rewards=clip_rewards)
