@@ -19,9 +19,10 @@ RECORDS_FILE = "learning_records.toml"
 #: The shipped config whose recipe the default job runs, value for value (a test holds them
 #: equal): its records are the default job's, and runs of either count for both.
 DEFAULT_JOB_RECIPE = "gorila_pong"
-#: Fields a run may set without leaving the recorded recipe.
+#: Fields a run may set without leaving the recorded recipe (records are kept per game, so a
+#: run on another game reads that game's record, or none).
 OUTSIDE_THE_RECIPE = frozenset({
-    "seed", "run_dir", "total_frames", "log_every_s", "early_stop", "early_stop_return",
+    "game", "seed", "run_dir", "total_frames", "log_every_s", "early_stop", "early_stop_return",
     "eval_every_frames", "eval_episodes", "final_eval_episodes", "watchdog_s", "preflight",
     "run_dir_lease_s", "checkpoint_every_min", "checkpoint_keep", "checkpoint_replay",
     "checkpoint_max_failures", "checkpoint_min_mb_per_s", "checkpoint_quota_check",
