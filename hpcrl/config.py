@@ -179,6 +179,10 @@ class Config:
                         "observations (not in the paper; as Stable-Baselines3's VecNormalize)")
     obs_norm_clip: float = _f(10.0, "with obs_norm: clip normalised observations to +-this many "
                               "standard deviations", lo=0.1)
+    reward_norm: bool = _f(False, "A3C on continuous actions: divide training rewards by the "
+                           "running standard deviation of the discounted return, clipped to "
+                           "+-10 (not in the paper; as Stable-Baselines3's VecNormalize "
+                           "norm_reward): values of order 1 whatever the task's reward scale")
     wait_own_update: float = _f(0.0, "asynchronous methods: after a push, wait up to this many "
                                 "seconds for the ps to apply it before pulling (0 = pull at once, "
                                 "Hogwild)", lo=0.0, hi=10.0)
@@ -345,6 +349,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
                           f"'a3c' (a Gaussian policy) handles (got '{cfg.algo}')")
     if cfg.obs_norm and not (cfg.algo == "a3c" and _continuous(cfg.game)):
         raise ConfigError(f"{origin}: key 'obs_norm' applies to algo 'a3c' on a continuous-"
+                          f"control task only (got '{cfg.algo}' on '{cfg.game}'); remove it")
+    if cfg.reward_norm and not (cfg.algo == "a3c" and _continuous(cfg.game)):
+        raise ConfigError(f"{origin}: key 'reward_norm' applies to algo 'a3c' on a continuous-"
                           f"control task only (got '{cfg.algo}' on '{cfg.game}'); remove it")
     if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
         raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "

@@ -7,7 +7,8 @@ import torch
 
 from hpcrl.config import ConfigError, load_config
 from hpcrl.rl.networks import build_network
-from hpcrl.rl.obs_norm import ObsNormalizer, find_obs_normalizer, merge_moments, variance
+from hpcrl.rl.obs_norm import ObsNormalizer, ReturnScaler, find_obs_normalizer, merge_moments, \
+    variance
 
 
 def test_merged_moments_are_those_of_all_the_data():
@@ -92,3 +93,59 @@ def test_observations_with_nan_or_inf_are_left_out():
     assert state["count"] == 2.0
     np.testing.assert_array_equal(state["mean"], [2.0, 3.0])
     assert torch.isfinite(norm(torch.ones(1, 2))).all()
+
+
+class _ReferenceRunningMeanStd:
+    """Stable-Baselines3's RunningMeanStd and VecNormalize reward path, written out plainly
+    (the slow reference for ReturnScaler): a prior of weight 1e-4, mean 0, variance 1."""
+
+    def __init__(self, num_envs, gamma, clip):
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+        self.returns = [0.0] * num_envs
+        self.gamma, self.clip = gamma, clip
+
+    def update(self, xs):
+        batch_mean = sum(xs) / len(xs)
+        batch_var = sum((x - batch_mean) ** 2 for x in xs) / len(xs)
+        n = self.count + len(xs)
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * len(xs) + delta ** 2 * self.count * len(xs) / n
+        self.mean, self.var, self.count = self.mean + delta * len(xs) / n, m2 / n, n
+
+    def step(self, rewards, dones):
+        self.returns = [g * self.gamma + r for g, r in zip(self.returns, rewards)]
+        self.update(self.returns)
+        out = [max(-self.clip, min(self.clip, r / (self.var + 1e-8) ** 0.5)) for r in rewards]
+        self.returns = [0.0 if d else g for g, d in zip(self.returns, dones)]
+        return out
+
+
+def test_reward_scaling_follows_the_reference_step_for_step():
+    rng = np.random.default_rng(1)
+    scaler, ref = ReturnScaler(3, 0.99, clip=10.0), _ReferenceRunningMeanStd(3, 0.99, 10.0)
+    for _ in range(500):
+        rewards = rng.normal(2.0, 5.0, 3) * 30        # HalfCheetah-like scale
+        dones = rng.random(3) < 0.02
+        np.testing.assert_allclose(scaler.scale(rewards, dones), ref.step(rewards, dones),
+                                   rtol=1e-5)
+    # the scaled rewards are of order 1 (the raw ones are of order 100)
+    assert 0.05 < np.abs(scaler.scale(rng.normal(2.0, 5.0, 3) * 30, np.zeros(3, bool))).mean() < 3
+
+
+def test_reward_scaling_state_round_trip_continues_exactly():
+    rng = np.random.default_rng(2)
+    a = ReturnScaler(2, 0.9)
+    for _ in range(50):
+        a.scale(rng.normal(size=2), rng.random(2) < 0.1)
+    b = ReturnScaler(2, 0.9)
+    b.set_state(a.get_state())
+    for _ in range(20):
+        r, d = rng.normal(size=2), rng.random(2) < 0.1
+        np.testing.assert_array_equal(a.scale(r, d), b.scale(r, d))
+    with pytest.raises(ValueError, match="environments"):
+        ReturnScaler(3, 0.9).set_state(a.get_state())
+
+
+def test_reward_norm_is_refused_outside_continuous_control(tmp_path):
+    with pytest.raises(ConfigError, match="reward_norm"):
+        _cfg(tmp_path, 'algo = "a3c"\ngame = "CartPole-v1"\nreward_norm = true\n')

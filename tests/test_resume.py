@@ -51,7 +51,8 @@ def states(root, gen):
     ("a3c_cartpole", ["--set", "envs_per_actor=4"]),        # batched actor-learners
     ("a3c_mujoco", ["--set", "game=InvertedPendulum-v5", "--set", "envs_per_actor=2",
                     "--set", "eval_every_frames=0",       # float actions, MuJoCo's state,
-                    "--set", "obs_norm=true"]),           # each rank's observation statistics
+                    "--set", "obs_norm=true",             # each rank's observation and
+                    "--set", "reward_norm=true"]),        # return statistics
 ])
 def test_sigterm_checkpoint_resume_exact(config, extra, tmp_path):
     run_dir = tmp_path / "run"

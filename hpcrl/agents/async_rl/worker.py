@@ -30,7 +30,7 @@ from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import StepResult, make_env_from_config
 from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy, GaussianPolicy
 from hpcrl.rl.networks import build_network
-from hpcrl.rl.obs_norm import find_obs_normalizer
+from hpcrl.rl.obs_norm import ReturnScaler, find_obs_normalizer
 from hpcrl.rl.policies import learning_rate
 from hpcrl.runtime import hooks
 from hpcrl.runtime.context import Context
@@ -50,7 +50,8 @@ class ActorLearnerWorker(WorkerBase):
         times = hooks.phase_times_dir()
         self.clock = PhaseClock(times / f"rank-{ctx.rank}.jsonl") if times else NullClock()
         self.env = env = make_env_from_config(cfg, n_env, ctx.seed, training=True)
-        self.env_step = self.clock.timed("env", env.step)
+        self.reward_scaler = (ReturnScaler(n_env, cfg.gamma) if cfg.reward_norm else None)
+        self.env_step = self.clock.timed("env", self._env_step)
         self.net = net = build_network(cfg, env.obs_shape, env.num_actions)
         self.value_method = cfg.algo in VALUE_METHODS
         target = build_network(cfg, env.obs_shape, env.num_actions) if self.value_method else None
@@ -94,6 +95,13 @@ class ActorLearnerWorker(WorkerBase):
 
     def global_frames(self) -> int:
         return self.frames_seen
+
+    def _env_step(self, actions) -> StepResult:
+        """One step of the environments; ``reward_norm``: the training rewards scaled."""
+        res = self.env.step(actions)
+        if self.reward_scaler is None:
+            return res
+        return res._replace(reward=self.reward_scaler.scale(res.reward, res.episode_end))
 
     def _on_step(self, res: StepResult) -> None:
         self.rollout_frames += self.frames_per_step
@@ -161,6 +169,8 @@ class ActorLearnerWorker(WorkerBase):
             out["a_next"] = np.asarray(self.a_next)
         if self.obs_norm is not None:
             out.update(with_prefix("obs_norm", self.obs_norm.get_state()))
+        if self.reward_scaler is not None:
+            out.update(with_prefix("reward_norm", self.reward_scaler.get_state()))
         return out
 
     def set_state(self, state: dict) -> None:
@@ -179,6 +189,9 @@ class ActorLearnerWorker(WorkerBase):
                 raise ValueError("the checkpoint holds no observation statistics: it was "
                                  "written with obs_norm = false")
             self.obs_norm.set_state(saved)
+        saved = sub_state(state, "reward_norm")
+        if self.reward_scaler is not None and saved is not None:   # else: fresh statistics
+            self.reward_scaler.set_state(saved)
 
     def close(self) -> None:
         self.env.close()
