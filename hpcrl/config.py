@@ -174,6 +174,10 @@ class Config:
     gaussian_min_var: float = _f(1e-4, "A3C on continuous actions: added to the policy's "
                                  "variance (not in the paper): a variance that collapses to 0 "
                                  "makes log-densities infinite", lo=0.0)
+    value_network: str = _f("shared", "A3C on continuous actions: the value function reads the "
+                            "policy's hidden layer (shared) or has its own (separate: the "
+                            "paper's S9, policy and value networks share no parameters; "
+                            "feed-forward only)", choices=("shared", "separate"))
     obs_norm: bool = _f(False, "A3C on continuous actions: normalise each observation coordinate "
                         "by the running mean and standard deviation of the training "
                         "observations (not in the paper; as Stable-Baselines3's VecNormalize)")
@@ -350,6 +354,11 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.obs_norm and not (cfg.algo == "a3c" and _continuous(cfg.game)):
         raise ConfigError(f"{origin}: key 'obs_norm' applies to algo 'a3c' on a continuous-"
                           f"control task only (got '{cfg.algo}' on '{cfg.game}'); remove it")
+    if cfg.value_network != "shared" and not (cfg.algo == "a3c" and _continuous(cfg.game)
+                                              and not cfg.lstm):
+        raise ConfigError(f"{origin}: key 'value_network' = '{cfg.value_network}' applies to "
+                          f"feed-forward algo 'a3c' on a continuous-control task only; remove "
+                          f"it")
     if cfg.reward_norm and not (cfg.algo == "a3c" and _continuous(cfg.game)):
         raise ConfigError(f"{origin}: key 'reward_norm' applies to algo 'a3c' on a continuous-"
                           f"control task only (got '{cfg.algo}' on '{cfg.game}'); remove it")

@@ -149,3 +149,32 @@ def test_reward_scaling_state_round_trip_continues_exactly():
 def test_reward_norm_is_refused_outside_continuous_control(tmp_path):
     with pytest.raises(ConfigError, match="reward_norm"):
         _cfg(tmp_path, 'algo = "a3c"\ngame = "CartPole-v1"\nreward_norm = true\n')
+
+
+def test_a_separate_value_network_shares_no_parameter_with_the_policy(tmp_path):
+    """value_network = "separate" (the paper's S9): HalfCheetah's 17 observations, 6 actions,
+    200 hidden units: the policy 17*200+200 + 200*12+12 = 6,012, the value 17*200+200 + 201 =
+    3,801 parameters; the value's gradient reaches none of the policy's and vice versa."""
+    cfg = _cfg(tmp_path, 'algo = "a3c"\ngame = "HalfCheetah-v5"\nmlp_hidden = 200\n'
+                         'value_network = "separate"\ninit = "orthogonal"\n')
+    net = build_network(cfg, (17,), 6)
+    assert sum(p.numel() for p in net.parameters()) == 6_012 + 3_801
+    policy, value, _ = net(torch.randn(4, 17))
+    value.sum().backward()
+    grads = {n for n, p in net.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert grads == {"value_torso.0.weight", "value_torso.0.bias", "value_head.weight",
+                     "value_head.bias"}
+    net.zero_grad(set_to_none=True)
+    policy, _, _ = net(torch.randn(4, 17))
+    policy.sum().backward()
+    grads = {n for n, p in net.named_parameters() if p.grad is not None}
+    assert grads == {"torso.0.weight", "torso.0.bias", "policy_head.weight", "policy_head.bias"}
+    # orthogonal init reaches the value's hidden layer too (gain sqrt 2, zero biases)
+    w = net.value_torso[0].weight.detach()
+    assert torch.count_nonzero(net.value_torso[0].bias) == 0
+    torch.testing.assert_close(w.T @ w, 2.0 * torch.eye(17), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ConfigError, match="value_network"):
+        _cfg(tmp_path, 'algo = "a3c"\ngame = "HalfCheetah-v5"\nvalue_network = "separate"\n'
+                       'lstm = true\n')
+    with pytest.raises(ConfigError, match="value_network"):
+        _cfg(tmp_path, 'algo = "a3c"\ngame = "pong"\nvalue_network = "separate"\n')

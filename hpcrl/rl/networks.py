@@ -222,21 +222,30 @@ class MLPGaussianActorCritic(_ActorCritic):
     as :func:`hpcrl.rl.gaussian.split_policy` reads it. With ``obs_norm_clip`` the observations
     first pass an :class:`hpcrl.rl.obs_norm.ObsNormalizer` clipping at that many standard
     deviations (``obs_norm``: not in the paper).
+
+    ``separate_value=True`` gives the value function a hidden layer of its own (the paper's
+    §9: "the networks for policy network and value network do not share any parameters"):
+    with one shared layer, the value loss's gradient, which grows with the task's reward scale,
+    steers the features the policy reads. Feed-forward only.
     """
 
     def __init__(self, obs_dim: int, action_dim: int, lstm: bool = False, hidden: int = 200,
                  std: str = "softplus", min_var: float = 1e-4, lstm_size: int = 128,
-                 obs_norm_clip: float | None = None):
+                 obs_norm_clip: float | None = None, separate_value: bool = False):
         super().__init__()
         from hpcrl.rl.obs_norm import ObsNormalizer
 
         self.obs_norm = ObsNormalizer(obs_dim, obs_norm_clip) if obs_norm_clip else None
         if std not in ("softplus", "state_independent"):
             raise ValueError(f"unknown gaussian std {std!r} (softplus, state_independent)")
+        if separate_value and lstm:
+            raise ValueError("a separate value network is feed-forward only (no lstm)")
         self.action_dim, self.min_var = action_dim, min_var
         self.torso = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU())
         outputs = 2 * action_dim if std == "softplus" else action_dim
         self._build_heads(hidden, outputs, lstm, lstm_size)
+        self.value_torso = (nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU())
+                            if separate_value else None)
         self.log_std = nn.Parameter(torch.zeros(action_dim)) if std != "softplus" else None
 
     def forward(self, obs: torch.Tensor, state: LSTMState | None = None,
@@ -245,13 +254,26 @@ class MLPGaussianActorCritic(_ActorCritic):
         """obs [B, obs_dim] -> policy output [B, 2 D] (means, variances), value [B], state."""
         if self.obs_norm is not None:
             obs = self.obs_norm(obs.float())
-        out, value, state = super().forward(obs, state, torso_dtype)
+        if self.value_torso is None:
+            out, value, state = super().forward(obs, state, torso_dtype)
+        else:
+            x = obs.float()
+            out = self.policy_head(_torso(self.torso, x, torso_dtype))
+            value = self.value_head(_torso(self.value_torso, x, torso_dtype)).squeeze(-1)
         if self.log_std is None:
             d = self.action_dim
             mean, var = out[:, :d], F.softplus(out[:, d:])
         else:
             mean, var = out, torch.exp(2.0 * self.log_std).expand_as(out)
         return torch.cat([mean, var + self.min_var], dim=-1), value, state
+
+
+def _torso(torso: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``torso(x)``, under CPU autocast to ``dtype`` if given, the output back in float32."""
+    if dtype is None:
+        return torso(x)
+    with torch.autocast("cpu", dtype=dtype):
+        return torso(x).float()
 
 
 def reset_lstm_state(state: LSTMState | None, episode_end: np.ndarray | torch.Tensor
@@ -298,7 +320,9 @@ def init_orthogonal(net: _ActorCritic) -> _ActorCritic:
     random biases let A3C on Pong lose most ReLU units within 1 M frames (measured with
     ``python -m hpcrl.diagnose``, docs/experiments).
     """
-    layers = [(m, 2 ** 0.5) for m in net.torso if isinstance(m, (nn.Conv2d, nn.Linear))]
+    torsos = [net.torso] + [t for t in [getattr(net, "value_torso", None)] if t is not None]
+    layers = [(m, 2 ** 0.5) for torso in torsos for m in torso
+              if isinstance(m, (nn.Conv2d, nn.Linear))]
     for module, gain in layers + [(net.policy_head, 0.01), (net.value_head, 1.0)]:
         nn.init.orthogonal_(module.weight, gain)
         nn.init.zeros_(module.bias)
@@ -330,8 +354,8 @@ def init_lstm_orthogonal(cell: nn.LSTMCell, forget_bias: float = 1.0) -> nn.LSTM
 def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
                        hidden: int = 64, init: str = "torch", continuous: bool = False,
                        std: str = "softplus", min_var: float = 1e-4,
-                       lstm_init: str = "torch", obs_norm_clip: float | None = None
-                       ) -> _ActorCritic:
+                       lstm_init: str = "torch", obs_norm_clip: float | None = None,
+                       separate_value: bool = False) -> _ActorCritic:
     """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones, the Gaussian
     one (``num_actions`` = the action dimension) for ``continuous`` actions; ``init``:
     "torch" (torch's default initialisation) or "orthogonal" (`init_orthogonal`);
@@ -344,7 +368,8 @@ def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
     if continuous:
         net = MLPGaussianActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm,
                                      hidden=hidden, std=std, min_var=min_var,
-                                     obs_norm_clip=obs_norm_clip)
+                                     obs_norm_clip=obs_norm_clip,
+                                     separate_value=separate_value)
     elif len(obs_shape) == 3:
         net = A3CNetwork(tuple(obs_shape), num_actions, lstm=lstm)
     else:
@@ -373,5 +398,6 @@ def build_network(cfg: "Config", obs_shape: tuple[int, ...], num_actions: int) -
                                   init=cfg.init, continuous=continuous_id(cfg.game) is not None,
                                   std=cfg.gaussian_std, min_var=cfg.gaussian_min_var,
                                   lstm_init=cfg.lstm_init,
-                                  obs_norm_clip=cfg.obs_norm_clip if cfg.obs_norm else None)
+                                  obs_norm_clip=cfg.obs_norm_clip if cfg.obs_norm else None,
+                                  separate_value=cfg.value_network == "separate")
     return build_q_network(obs_shape, num_actions, kind=cfg.network, hidden=cfg.mlp_hidden)
