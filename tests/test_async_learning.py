@@ -78,6 +78,7 @@ def test_a3c_gaussian_learns_inverted_pendulum(tmp_path):
     seeds 1-3 passed 200 at 0.30, 0.42 and 0.21 M steps and 1,000, the task's maximum, at
     0.49, 0.53 and 0.33 M; this test's seed 0 passed 200 at 0.26 M. A random policy holds the
     pole for 5-20 steps."""
+    pytest.importorskip("mujoco")
     run_dir = tmp_path / "run"
     proc, wall = run_mpi(3, ["-m", "hpcrl.run", "--config", "configs/a3c_mujoco.toml",
                              "--set", f"run_dir={run_dir}", "--set", "early_stop=true",

@@ -178,3 +178,14 @@ def test_a_separate_value_network_shares_no_parameter_with_the_policy(tmp_path):
                        'lstm = true\n')
     with pytest.raises(ConfigError, match="value_network"):
         _cfg(tmp_path, 'algo = "a3c"\ngame = "pong"\nvalue_network = "separate"\n')
+
+
+def test_a_non_finite_reward_does_not_poison_the_reward_statistics():
+    scaler = ReturnScaler(2, 0.9)
+    scaler.scale(np.array([1.0, 2.0]), np.zeros(2, bool))
+    out = scaler.scale(np.array([np.nan, 2.0]), np.zeros(2, bool))
+    assert np.isnan(out[0]) and np.isfinite(out[1])
+    state = scaler.get_state()
+    assert np.isfinite(state["mean"]).all() and np.isfinite(state["m2"]).all()
+    assert state["returns"][0] == 0.0
+    assert np.isfinite(scaler.scale(np.array([1.0, 1.0]), np.zeros(2, bool))).all()

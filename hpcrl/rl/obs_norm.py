@@ -142,13 +142,19 @@ class ReturnScaler:
         self.count, self.mean, self.m2 = self.PRIOR_COUNT, np.zeros(1), np.full(1, self.PRIOR_COUNT)
 
     def scale(self, rewards: np.ndarray, episode_end: np.ndarray) -> np.ndarray:
-        """This step's rewards [N] scaled (float32); ``episode_end`` [N] restarts returns."""
-        self.returns = self.returns * self.gamma + np.asarray(rewards, np.float64)
+        """This step's rewards [N] scaled (float32); ``episode_end`` [N] restarts returns.
+
+        A NaN or infinite reward (an unstable simulation) passes through as it came (the
+        learner drops its gradient) but restarts that environment's return and stays out of
+        the moments, which would otherwise be poisoned for the rest of the run."""
+        rewards = np.asarray(rewards, np.float64)
+        finite = np.isfinite(rewards)
+        self.returns = self.returns * self.gamma + np.where(finite, rewards, 0.0)
+        self.returns[~finite] = 0.0
         self.count, self.mean, self.m2 = merge_moments(self.count, self.mean, self.m2,
-                                                       self.returns[:, None])
+                                                       self.returns[finite, None])
         var = float(self.m2[0] / self.count)
-        scaled = np.clip(np.asarray(rewards, np.float64) / np.sqrt(var + VAR_EPS),
-                         -self.clip, self.clip)
+        scaled = np.clip(rewards / np.sqrt(var + VAR_EPS), -self.clip, self.clip)
         self.returns[np.asarray(episode_end, bool)] = 0.0
         return scaled.astype(np.float32)
 

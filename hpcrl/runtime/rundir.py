@@ -24,7 +24,8 @@ from hpcrl.runtime.topology import Layout, Role
 
 #: Fields that define what a run directory holds: a different value is a different run.
 IDENTITY_FIELDS = ("algo", "game", "seed", "mode", "network", "mlp_hidden", "lstm",
-                   "frame_skip", "frame_stack", "obs_norm")
+                   "frame_skip", "frame_stack", "obs_norm", "reward_norm", "value_network",
+                   "gaussian_std")
 
 
 def _owner_mismatch(run_dir: Path, cfg: Config) -> str | None:
