@@ -351,17 +351,16 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.algo != "a3c" and _continuous(cfg.game):
         raise ConfigError(f"{origin}: game '{cfg.game}' has continuous actions, which only algo "
                           f"'a3c' (a Gaussian policy) handles (got '{cfg.algo}')")
-    if cfg.obs_norm and not (cfg.algo == "a3c" and _continuous(cfg.game)):
-        raise ConfigError(f"{origin}: key 'obs_norm' applies to algo 'a3c' on a continuous-"
-                          f"control task only (got '{cfg.algo}' on '{cfg.game}'); remove it")
-    if cfg.value_network != "shared" and not (cfg.algo == "a3c" and _continuous(cfg.game)
-                                              and not cfg.lstm):
-        raise ConfigError(f"{origin}: key 'value_network' = '{cfg.value_network}' applies to "
-                          f"feed-forward algo 'a3c' on a continuous-control task only; remove "
-                          f"it")
-    if cfg.reward_norm and not (cfg.algo == "a3c" and _continuous(cfg.game)):
-        raise ConfigError(f"{origin}: key 'reward_norm' applies to algo 'a3c' on a continuous-"
-                          f"control task only (got '{cfg.algo}' on '{cfg.game}'); remove it")
+    gaussian = cfg.algo == "a3c" and _continuous(cfg.game)
+    for key, used, where in (("obs_norm", cfg.obs_norm, gaussian),
+                             ("reward_norm", cfg.reward_norm, gaussian),
+                             ("value_network", cfg.value_network != "shared",
+                              gaussian and not cfg.lstm)):
+        if used and not where:
+            only = " without lstm" if key == "value_network" else ""
+            raise ConfigError(f"{origin}: key '{key}' applies to algo 'a3c' on a continuous-"
+                              f"control task{only} only (got '{cfg.algo}' on '{cfg.game}'); "
+                              f"remove it")
     if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
         raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "
                           f"replay_capacity ({cfg.replay_capacity})")

@@ -51,6 +51,14 @@ def _scale_input(x: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
+def _torso(torso: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``torso(x)``, under CPU autocast to ``dtype`` if given, the output back in float32."""
+    if dtype is None:
+        return torso(x)
+    with torch.autocast("cpu", dtype=dtype):
+        return torso(x).float()
+
+
 def _conv_out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1
 
@@ -128,9 +136,7 @@ def q_values(net: nn.Module, obs: torch.Tensor, torso_dtype: torch.dtype | None 
     """
     if torso_dtype is None:
         return net(obs)
-    with torch.autocast("cpu", dtype=torso_dtype):
-        h = net.torso(_scale_input(obs))
-    return net.q_head(h.float())
+    return net.q_head(_torso(net.torso, _scale_input(obs), torso_dtype))
 
 
 class MLPQNetwork(nn.Module):
@@ -177,12 +183,7 @@ class _ActorCritic(nn.Module):
         Returns:
             logits [B, num_actions] (policy = softmax(logits)), value [B], next state.
         """
-        if torso_dtype is None:
-            x = self.torso(_scale_input(obs))
-        else:
-            with torch.autocast("cpu", dtype=torso_dtype):
-                x = self.torso(_scale_input(obs))
-            x = x.float()
+        x = _torso(self.torso, _scale_input(obs), torso_dtype)
         if self.lstm is not None:
             if state is None:
                 state = self.initial_state(x.shape[0])
@@ -266,14 +267,6 @@ class MLPGaussianActorCritic(_ActorCritic):
         else:
             mean, var = out, torch.exp(2.0 * self.log_std).expand_as(out)
         return torch.cat([mean, var + self.min_var], dim=-1), value, state
-
-
-def _torso(torso: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """``torso(x)``, under CPU autocast to ``dtype`` if given, the output back in float32."""
-    if dtype is None:
-        return torso(x)
-    with torch.autocast("cpu", dtype=dtype):
-        return torso(x).float()
 
 
 def reset_lstm_state(state: LSTMState | None, episode_end: np.ndarray | torch.Tensor

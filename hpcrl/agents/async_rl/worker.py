@@ -51,7 +51,7 @@ class ActorLearnerWorker(WorkerBase):
         self.clock = PhaseClock(times / f"rank-{ctx.rank}.jsonl") if times else NullClock()
         self.env = env = make_env_from_config(cfg, n_env, ctx.seed, training=True)
         self.reward_scaler = (ReturnScaler(n_env, cfg.gamma) if cfg.reward_norm else None)
-        self.env_step = self.clock.timed("env", self._env_step)
+        self.env_step = self.clock.timed("env", self._env_step if cfg.reward_norm else env.step)
         self.net = net = build_network(cfg, env.obs_shape, env.num_actions)
         self.value_method = cfg.algo in VALUE_METHODS
         target = build_network(cfg, env.obs_shape, env.num_actions) if self.value_method else None
@@ -97,10 +97,8 @@ class ActorLearnerWorker(WorkerBase):
         return self.frames_seen
 
     def _env_step(self, actions) -> StepResult:
-        """One step of the environments; ``reward_norm``: the training rewards scaled."""
+        """One step of the environments, the training rewards scaled (``reward_norm``)."""
         res = self.env.step(actions)
-        if self.reward_scaler is None:
-            return res
         return res._replace(reward=self.reward_scaler.scale(res.reward, res.episode_end))
 
     def _on_step(self, res: StepResult) -> None:
