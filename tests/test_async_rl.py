@@ -13,7 +13,7 @@ from hpcrl.agents.async_rl.learner import (AsyncLearner, actor_critic_bootstrap,
                                            unroll_actor_critic)
 from hpcrl.agents.base import target_refresh_due
 from hpcrl.agents.async_rl.rollout import Rollout, collect_rollout, next_obs_before_reset
-from hpcrl.bench.agents import phase_fraction
+from hpcrl.bench.jobs import phase_fraction
 from hpcrl.config import Config
 from hpcrl.envs import make_env
 from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy

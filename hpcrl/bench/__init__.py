@@ -4,7 +4,10 @@ targets are ratios measured within one run (the machines are shared and noisy), 
 tests.
 
 * :mod:`.ps`: the parameter store against raw RMA on a window of the same size.
-* :mod:`.agents`: a Gorila actor and learner against their in-process bounds, A3C scaling
-  with 1 and 2 actor-learners, a bundle's checkpoint write and read.
+* :mod:`.agents`: the command line of the agents' benchmarks: :mod:`.components` (a Gorila
+  actor and learner against their in-process bounds, a bundle's checkpoint write and read),
+  :mod:`.a3c` (A3C scaling with 1 and 2 actor-learners, batched actor-learners),
+  :mod:`.gorila` (the Gorila job against its compute bound), run as jobs by :mod:`.jobs`.
+* :mod:`.raw`: the raw bound of every job benchmark, ALE alone on every core.
 * :mod:`.gradient`: the A3C rollout gradient against its variants (one core).
 """
