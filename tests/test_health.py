@@ -134,7 +134,7 @@ def test_health_columns_of_older_files_read_as_nan_and_a_resume_adds_them(tmp_pa
 
 # --------------------------------------------------------------- dead units, counted live
 def test_a_shards_pieces_of_the_tensors_and_their_zero_counts_by_hand():
-    from hpcrl.runtime.params.store import health_layout, zero_counts
+    from hpcrl.runtime.params.server import health_layout, zero_counts
 
     sizes = (4, 2, 6, 3)                         # flat: [0, 4) [4, 6) [6, 12) [12, 15)
     assert health_layout(sizes, 0, 5) == (0, [4, 1])

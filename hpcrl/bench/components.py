@@ -142,7 +142,7 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int,
     from hpcrl.rl.networks import build_network
     from hpcrl.rl.replay import ReplayMemory
     from hpcrl.runtime.params.optim import ShardOptimizer
-    from hpcrl.runtime.params.store import ShardServer
+    from hpcrl.runtime.params.server import ShardServer
 
     cfg, env, net, layout = _setup(game, [f"learner_precision={precision}"])
     target = build_network(cfg, env.obs_shape, env.num_actions)

@@ -27,7 +27,8 @@ def bench_ps(floats: int, reps: int, idle_s: float, optimizer: str) -> dict | No
     from mpi4py import MPI
 
     from hpcrl.runtime.params.optim import ShardOptimizer
-    from hpcrl.runtime.params.store import ParameterStore, ShardServer, StoreSpec
+    from hpcrl.runtime.params.server import ShardServer
+    from hpcrl.runtime.params.store import ParameterStore, StoreSpec
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

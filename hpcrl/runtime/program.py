@@ -33,7 +33,8 @@ from hpcrl.runtime.client import run_client
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_FAILED, STOP_SIGNAL, Coordinator
 from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CHECKPOINT, EXIT_FAILURE, EXIT_REQUEUE, abort_job
-from hpcrl.runtime.params.store import ParameterStore, StoreSpec, load_shard_state
+from hpcrl.runtime.params.server import load_shard_state
+from hpcrl.runtime.params.store import ParameterStore, StoreSpec
 from hpcrl.runtime.provenance import provenance
 from hpcrl.runtime.ps import make_optimizer, run_ps, run_replay
 from hpcrl.runtime.rundir import check_metrics, find_resume, load_rank_state, prepare_run_dir, \

@@ -17,7 +17,8 @@ from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_BUDGET, STOP_FAILED, STOP_SIGNAL
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.optim import ShardOptimizer, tensor_pieces
-from hpcrl.runtime.params.store import ParameterStore, ShardServer
+from hpcrl.runtime.params.server import ShardServer
+from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.profiling import ps_cpu_clock
 from hpcrl.runtime.reporter import Reporter, early_stop_reason
 from hpcrl.runtime.topology import Role

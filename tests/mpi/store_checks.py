@@ -15,7 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcrl.runtime.params.optim import ShardOptimizer
-from hpcrl.runtime.params.store import ParameterStore, ShardServer, StoreSpec
+from hpcrl.runtime.params.server import ShardServer
+from hpcrl.runtime.params.store import ParameterStore, StoreSpec
 from hpcrl.runtime.topology import ps_positions
 
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
