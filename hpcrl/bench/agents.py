@@ -1,8 +1,8 @@
 """``python -m hpcrl.bench actor|learner|scaling|checkpoint``: the agents' benchmarks, each
 comparing the real code path with its bound measured in the same process or run:
 :mod:`.components` (actor, learner, checkpoint), :mod:`.a3c` (A3C scaling and batched
-actor-learners), :mod:`.gorila` (the Gorila job against its compute bound), all of them run
-as real jobs through :mod:`.jobs`."""
+actor-learners), :mod:`.gorila` (the Gorila job against its compute bound); the last two run
+real jobs through :mod:`.jobs`."""
 
 from __future__ import annotations
 
