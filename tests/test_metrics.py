@@ -313,7 +313,7 @@ def test_damaged_files_raise_metrics_error(tmp_path):
 def test_corrupt_file_of_a_crashed_writer_fails_fast(tmp_path):
     """A crashed SWMR file can only be read in SWMR mode, where HDF5 by default retries every
     bad metadata checksum 100 times with back-off: this very file took > 60 s that way."""
-    from hpcrl.io.metrics import _hdf5_library
+    from hpcrl.io.metrics.read import _hdf5_library
 
     assert _hdf5_library() is not None  # the read-attempt bound is in force
     path = tmp_path / "metrics.h5"
@@ -362,10 +362,9 @@ def test_a_real_full_disk_keeps_rows_until_a_flush_succeeds(tmp_path):
 _QUOTA_WRITER = """
 import sys
 import numpy as np
-from hpcrl.io import metrics
-from hpcrl.io.metrics import MetricsWriter
+from hpcrl.io.metrics import MetricsWriter, writer
 from tests.util import fill_disk
-metrics.check_space = lambda *a: None          # a quota: statvfs sees free space
+writer.check_space = lambda *a: None          # a quota: statvfs sees free space
 path = sys.argv[1]
 w = MetricsWriter(path, dict(algo="a3c_ff", game="pong", seed=3, config="x"), resume=False)
 w.append("train", frames=1, updates=0, loss=0.5, dropped_stale=1, dropped_outlier=2,
