@@ -94,6 +94,12 @@ class Config:
                                      "lr / sqrt(this + updates) per weight from the first one "
                                      "(0 = G starts at 0, as the paper; other optimizers "
                                      "ignore it)", lo=0)
+    adagrad_rmsprop_updates: int = _f(0, "adagrad with adagrad_warmup_updates = t0: take this "
+                                      "many bias-corrected RMSProp steps of lr / sqrt(t0) "
+                                      "first, then start G at t0 times each tensor's mean of "
+                                      "RMSProp's statistic, a warm start from the recent "
+                                      "gradient scale rather than the first gradient (a "
+                                      "variant, not the paper's rule; 0 = off)", lo=0)
     rmsprop_bias_correction: bool = _f(False, "rmsprop_shared: divide the statistic by "
                                        "1 - decay^t (Adam's correction), so that the first "
                                        "steps are not up to 10x the learning rate")
@@ -325,6 +331,10 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.n_step != 1 and cfg.algo != "gorila":
         raise ConfigError(f"{origin}: key 'n_step' applies to algo 'gorila' only (the "
                           f"asynchronous methods' n is t_max); remove it")
+    if cfg.adagrad_rmsprop_updates and not (cfg.optimizer == "adagrad"
+                                            and cfg.adagrad_warmup_updates):
+        raise ConfigError(f"{origin}: key 'adagrad_rmsprop_updates' needs optimizer 'adagrad' "
+                          f"and adagrad_warmup_updates > 0 (its t0); set both or remove it")
     if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
         raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
                           f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")

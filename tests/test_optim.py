@@ -291,3 +291,82 @@ def test_the_ps_builds_its_shard_optimizer_from_the_config():
     assert opt.kind == "rmsprop_shared" and not opt.bias_correction
     np.testing.assert_array_equal(opt.statistic(), np.ones(5, np.float32))
     assert (opt.decay, opt.eps) == (cfg.rmsprop_decay, cfg.optim_eps)
+
+
+def test_adagrad_after_rmsprop_steps_matches_a_slow_loop_and_resumes(path):
+    """adagrad_rmsprop_updates K = 3, t0 = 50, pieces [2, 3]: three bias-corrected RMSProp
+    steps at lr / sqrt(t0), then G0 = t0 x each piece's mean of the corrected statistic and
+    AdaGrad from there, written out in float64; a copy restored after 4 steps continues
+    identically; `n` counts the AdaGrad updates only."""
+    rng = np.random.default_rng(7)
+    n, decay, eps, lr, t0, K, pieces = 5, 0.9, 1e-8, 0.05, 50, 3, [2, 3]
+    theta = rng.normal(size=n).astype(np.float32)
+    # the first gradient 100 times the later ones, as on Pong
+    grads = [rng.normal(scale=1e-2 if t == 0 else 1e-4, size=n).astype(np.float32)
+             for t in range(8)]
+    opt = ShardOptimizer("adagrad", n, 2, decay=decay, eps=eps, warmup_updates=t0,
+                         rmsprop_updates=K, pieces=pieces)
+    a, b = theta.copy(), np.empty_like(theta)
+    ref, v, G = theta.astype(np.float64), np.zeros(n), None
+    for t, g in enumerate(grads, start=1):
+        if t == 5:
+            copy = ShardOptimizer("adagrad", n, 2, decay=decay, eps=eps, warmup_updates=t0,
+                                  rmsprop_updates=K, pieces=pieces)
+            copy.set_state(opt.get_state())
+            resumed_from = a.copy()
+        opt.step(a, g, b, lr, t % 2)
+        a, b = b, a
+        g64 = g.astype(np.float64)
+        if t <= K:
+            v = decay * v + (1 - decay) * g64 ** 2
+            c = 1 - decay ** t
+            ref = ref - lr / np.sqrt(t0) * g64 / np.sqrt(v / c + eps)
+            np.testing.assert_array_equal(opt.statistic(), opt.state["v"])
+            assert int(opt.state["n"]) == 0
+        else:
+            if G is None:
+                vhat = v / (1 - decay ** K)
+                G0 = np.concatenate([np.full(2, t0 * vhat[:2].mean()),
+                                     np.full(3, t0 * vhat[2:].mean())])
+                np.testing.assert_allclose(opt.state["G0"], G0, rtol=1e-6)
+                G = opt.state["G0"].astype(np.float64)     # G0 is kept in float32
+            G = G + g64 ** 2
+            ref = ref - lr * g64 / np.sqrt(G + eps)
+        np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-9)
+    assert int(opt.state["n"]) == len(grads) - K and int(opt.state["k"]) == K
+    np.testing.assert_allclose(opt.statistic(), G - opt.state["G0"], rtol=1e-5)
+    c, d = resumed_from, np.empty_like(theta)
+    for t, g in enumerate(grads[4:], start=5):
+        copy.step(c, g, d, lr, t % 2)
+        c, d = d, c
+    np.testing.assert_array_equal(c, a)
+
+
+def test_adagrad_rmsprop_updates_need_adagrad_with_a_warm_start():
+    from hpcrl.config import ConfigError, load_config
+    from tests.util import ROOT
+
+    with pytest.raises(ValueError, match="rmsprop_updates needs adagrad"):
+        ShardOptimizer("adagrad", 4, 1, rmsprop_updates=10)
+    with pytest.raises(ValueError, match="rmsprop_updates needs adagrad"):
+        ShardOptimizer("rmsprop_shared", 4, 1, rmsprop_updates=10)
+    with pytest.raises(ConfigError, match="'adagrad_rmsprop_updates' needs optimizer 'adagrad'"):
+        load_config(ROOT / "configs/gorila_pong.toml", ["adagrad_rmsprop_updates=100"])
+
+
+def test_the_ps_hands_adagrad_rmsprop_updates_to_its_shard_optimizer():
+    from types import SimpleNamespace
+
+    from hpcrl.config import load_config
+    from hpcrl.runtime.ps import make_optimizer
+    from tests.util import ROOT
+
+    cfg = load_config(ROOT / "configs/gorila_pong.toml",
+                      ["optimizer=adagrad", "learning_rate=0.05", "optim_eps=1e-8",
+                       "rmsprop_bias_correction=false", "adagrad_warmup_updates=50000",
+                       "adagrad_rmsprop_updates=5000"])
+    store = SimpleNamespace(shard=0, sizes=[5], spec=SimpleNamespace(ranges=[(0, 5)],
+                                                                      n_clients=2))
+    opt = make_optimizer(cfg, store, tensor_sizes=[2, 3])
+    assert (opt.kind, opt.warmup_updates, opt.rmsprop_updates) == ("adagrad", 50000, 5000)
+    assert opt.pieces == [2, 3] and opt.decay == cfg.rmsprop_decay

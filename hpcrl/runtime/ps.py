@@ -42,7 +42,7 @@ def make_optimizer(cfg: Config, store: ParameterStore,
                           initial=cfg.rmsprop_initial,
                           warmup_updates=(cfg.adagrad_warmup_updates
                                           if cfg.optimizer == "adagrad" else 0),
-                          pieces=pieces)
+                          rmsprop_updates=cfg.adagrad_rmsprop_updates, pieces=pieces)
 
 
 def assert_no_torch(role: str) -> None:

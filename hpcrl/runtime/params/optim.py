@@ -25,6 +25,14 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
                   ``G0`` (float32, per parameter) keeps the warm start, so (G - G0) / n is
                   each parameter's own mean
                   squared gradient (``hpcrl.diagnose``).
+                  ``rmsprop_updates`` = K > 0 (a variant, not the paper's rule) takes the warm
+                  start from the recent gradient scale instead of the first gradient, which on
+                  Pong is ~100 times the gradients that follow it (the first batches fit a
+                  random network's Q values) and which AdaGrad never forgets: the shard first
+                  takes K bias-corrected RMSProp steps of lr / sqrt(t0) per weight (statistic
+                  ``v``, count ``k``), then starts G at t0 times each tensor's mean of the
+                  corrected v. The first AdaGrad step is then about the last RMSProp one, and
+                  ``n`` counts the AdaGrad updates only.
 * ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
 * ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
@@ -81,7 +89,13 @@ def tensor_pieces(tensor_sizes: Sequence[int], lo: int, hi: int) -> list[int]:
 
 def warm_start(grad: np.ndarray, pieces: Sequence[int], t0: int) -> np.ndarray:
     """AdaGrad's G0: t0 times the mean squared gradient of each piece, per parameter."""
-    sq = np.square(grad, dtype=np.float64)
+    return warm_start_from_squares(np.square(grad, dtype=np.float64), pieces, t0)
+
+
+def warm_start_from_squares(sq: np.ndarray, pieces: Sequence[int], t0: int) -> np.ndarray:
+    """t0 times the mean of ``sq`` (squared gradients, or RMSProp's statistic) over each piece,
+    repeated over the piece's parameters, as float32."""
+    sq = np.asarray(sq, np.float64)
     starts = np.cumsum([0] + list(pieces[:-1]))
     means = np.add.reduceat(sq, starts) / np.asarray(pieces, np.float64)
     return np.repeat(t0 * means, pieces).astype(np.float32)
@@ -93,7 +107,7 @@ class ShardOptimizer:
     def __init__(self, kind: str, size: int, n_clients: int, *, decay: float = 0.99,
                  eps: float = 0.1, momentum: float = 0.9, bias_correction: bool = False,
                  warmup_updates: int = 0, initial: float = 0.0,
-                 pieces: Sequence[int] | None = None):
+                 pieces: Sequence[int] | None = None, rmsprop_updates: int = 0):
         if kind not in KINDS:
             raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
         if bias_correction and kind != "rmsprop_shared":
@@ -104,7 +118,10 @@ class ShardOptimizer:
             raise ValueError("initial and bias_correction exclude each other")
         if warmup_updates and kind != "adagrad":
             raise ValueError(f"warmup_updates applies to adagrad only, not {kind!r}")
+        if rmsprop_updates and not (kind == "adagrad" and warmup_updates):
+            raise ValueError("rmsprop_updates needs adagrad with warmup_updates > 0")
         self.warmup_updates = int(warmup_updates)
+        self.rmsprop_updates = int(rmsprop_updates)
         self.pieces = [size] if pieces is None else [int(k) for k in pieces]
         if sum(self.pieces) != size or min(self.pieces, default=1) <= 0:
             raise ValueError(f"tensor pieces {self.pieces} do not split a shard of {size}")
@@ -120,6 +137,9 @@ class ShardOptimizer:
             self.state["n"] = np.zeros((), np.int64)          # updates applied by this shard
             self.state["G0"] = np.zeros(size, np.float32)     # G's warm start, per parameter
             self._tmp64 = np.empty(size, np.float64)
+            if rmsprop_updates:
+                self.state["v"] = np.zeros(size, np.float32)  # RMSProp before AdaGrad
+                self.state["k"] = np.zeros((), np.int64)      # RMSProp steps taken
         elif kind == "rmsprop_shared":
             self.state["v"] = np.full(size, initial, np.float32)
             if bias_correction:
@@ -133,6 +153,8 @@ class ShardOptimizer:
         where a parameter gets no gradient, as ``hpcrl.diagnose`` reads it (None for SGD and
         momentum)."""
         if "G" in self.state:
+            if "v" in self.state and self.state["n"] == 0:    # still in the RMSProp steps
+                return self.state["v"]
             return self.state["G"] - self.state["G0"]
         return self.state.get("v")
 
@@ -165,29 +187,47 @@ class ShardOptimizer:
         elif self.kind == "adagrad":
             self._adagrad_step(theta_in, grad, theta_out, lr, eps)
             return
-        elif self.fused:
-            _kernels.scaled_step(theta_in, grad, self.statistics_for(client), theta_out,
-                                 self.decay, eps, lr, self.kind == "adagrad")
-            return
         else:
-            acc = self.statistics_for(client)
-            np.multiply(grad, grad, out=tmp)
-            acc *= np.float32(self.decay)
-            tmp *= np.float32(1.0 - self.decay)
-            acc += tmp
-            # statistics below FLT_MIN are stored as 0, as in the C kernel (see _kernels.c)
-            np.putmask(acc, acc < np.finfo(np.float32).tiny, np.float32(0.0))
-            np.add(acc, np.float32(eps), out=tmp)
-            np.sqrt(tmp, out=tmp)
-            np.divide(grad, tmp, out=tmp)
-            tmp *= np.float32(lr)
+            self._rmsprop_step(self.statistics_for(client), theta_in, grad, theta_out, lr, eps)
+            return
+        np.subtract(theta_in, tmp, out=theta_out)
+
+    def _rmsprop_step(self, acc: np.ndarray, theta_in: np.ndarray, grad: np.ndarray,
+                      theta_out: np.ndarray, lr: float, eps: float) -> None:
+        """acc = decay acc + (1 - decay) g^2; theta_out = theta_in - lr g / sqrt(acc + eps)."""
+        if self.fused:
+            _kernels.scaled_step(theta_in, grad, acc, theta_out, self.decay, eps, lr, False)
+            return
+        tmp = self._tmp
+        np.multiply(grad, grad, out=tmp)
+        acc *= np.float32(self.decay)
+        tmp *= np.float32(1.0 - self.decay)
+        acc += tmp
+        # statistics below FLT_MIN are stored as 0, as in the C kernel (see _kernels.c)
+        np.putmask(acc, acc < np.finfo(np.float32).tiny, np.float32(0.0))
+        np.add(acc, np.float32(eps), out=tmp)
+        np.sqrt(tmp, out=tmp)
+        np.divide(grad, tmp, out=tmp)
+        tmp *= np.float32(lr)
         np.subtract(theta_in, tmp, out=theta_out)
 
     def _adagrad_step(self, theta_in: np.ndarray, grad: np.ndarray, theta_out: np.ndarray,
                       lr: float, eps: float) -> None:
         """G += g^2 in float64; theta_out = theta_in - lr g / sqrt(G + eps) in float32."""
         G, n = self.state["G"], self.state["n"]
-        if n == 0 and self.warmup_updates:
+        if self.rmsprop_updates and n == 0:
+            k = self.state["k"]
+            if k < self.rmsprop_updates:              # bias-corrected RMSProp, lr / sqrt(t0)
+                k += 1
+                c = 1.0 - self.decay ** int(k)
+                self._rmsprop_step(self.state["v"], theta_in, grad, theta_out,
+                                   lr * (c / self.warmup_updates) ** 0.5, eps * c)
+                return
+            corrected = self.state["v"] / (1.0 - self.decay ** int(k))
+            self.state["G0"][...] = warm_start_from_squares(corrected, self.pieces,
+                                                            self.warmup_updates)
+            G += self.state["G0"]
+        elif n == 0 and self.warmup_updates:
             self.state["G0"][...] = warm_start(grad, self.pieces, self.warmup_updates)
             G += self.state["G0"]
         n += 1
