@@ -45,7 +45,7 @@ def test_size_mismatch_is_an_error():
 
 
 def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=False,
-               counts=None, sets=(), g0=None):
+               counts=None, sets=(), g0=None, also_v=False):
     """A run directory with config.toml and one complete checkpoint generation: n_ps ps shards
     of the 55-float statistic (zeros: all of torso.0.bias, 8 of torso.2.weight's 16) and one
     actor-learner file."""
@@ -62,6 +62,8 @@ def _write_run(tmp_path, stat_name="v", n_ps=2, corrupt=False, corrupt_actor=Fal
         state = {"params": np.zeros_like(part), f"opt/{stat_name}": part}
         if counts is not None:                  # AdaGrad's update count per shard
             state["opt/n"] = np.int64(counts[i])
+        if also_v:              # adagrad_rmsprop_updates: RMSProp's statistic, all alive
+            state["opt/v"] = np.ones_like(part)
         if g0 is not None:      # AdaGrad's warm start: per parameter, or one number per shard
             shard_g0 = g0[i] if np.ndim(g0[i]) else np.float64(g0[i])
             state["opt/G0"] = shard_g0
@@ -157,6 +159,20 @@ def test_adagrad_warm_start_per_parameter_by_hand(tmp_path, capsys):
     assert rows["value_head.bias"]["median_sqrt_floor"] == pytest.approx(4.00001 ** 0.5)
     assert rows["torso.2.bias"]["median_rms_grad"] == pytest.approx(0.2 ** 0.5)
     assert rows["torso.0.bias"]["zero"] == 4
+
+
+@pytest.mark.parametrize("counts, statistic, zero", [([0, 0], "v", 0), ([0, 3], "G", 12)])
+def test_adagrad_after_rmsprop_steps_reads_v_until_the_first_adagrad_update(
+        tmp_path, capsys, counts, statistic, zero):
+    """adagrad_rmsprop_updates: a checkpoint holds RMSProp's v (here all alive) and AdaGrad's
+    G (12 zeros). Before any shard's first AdaGrad update (n = 0 on all) G says nothing and
+    diagnose reads v; after it, G."""
+    run = _write_run(tmp_path, stat_name="G", counts=counts, also_v=True,
+                     sets=["optimizer=adagrad", "adagrad_warmup_updates=4",
+                           "adagrad_rmsprop_updates=10"])
+    assert main([str(run), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["statistic"] == statistic and report["tensors"][-1]["zero"] == zero
 
 
 @pytest.mark.parametrize("make, message", [

@@ -38,7 +38,7 @@ import numpy as np
 from hpcrl.io import checkpoint as ckpt
 from hpcrl.tools import runfiles
 
-STATISTICS = ("v", "G")  # RMSProp (shared or per client), AdaGrad
+STATISTICS = ("G", "v")  # AdaGrad, RMSProp (shared or per client)
 WHAT_ZERO_MEANS = {"v": "no gradient for thousands of updates", "G": "never a gradient"}
 
 
@@ -105,6 +105,9 @@ def _ps_statistics(run_dir: Path) -> tuple[int, dict, list[np.ndarray], str]:
     gen, manifest = runfiles.checkpoint_generation(run_dir)
     name = next((s for s in STATISTICS
                  if runfiles.has_dataset(run_dir, gen, manifest, f"opt/{s}")), None)
+    if name == "G" and runfiles.has_dataset(run_dir, gen, manifest, "opt/v") and not any(
+            int(n) for n in runfiles.ps_arrays(run_dir, gen, manifest, "opt/n")):
+        name = "v"          # adagrad_rmsprop_updates: still in the RMSProp steps
     if name is None:
         raise DiagnoseError(f"{run_dir}: the ps optimiser keeps no per-parameter statistic "
                             "(RMSProp v or AdaGrad G) to inspect")
