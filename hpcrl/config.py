@@ -100,6 +100,12 @@ class Config:
                                       "RMSProp's statistic, a warm start from the recent "
                                       "gradient scale rather than the first gradient (a "
                                       "variant, not the paper's rule; 0 = off)", lo=0)
+    adagrad_rmsprop_start: str = _f("tensor", "with adagrad_rmsprop_updates, G's start: tensor "
+                                    "(t0 times each tensor's mean of the statistic) or "
+                                    "parameter (t0 times each parameter's own, so that the "
+                                    "first AdaGrad step equals RMSProp's; its tensor's mean "
+                                    "where a parameter had no gradient)",
+                                    choices=("tensor", "parameter"))
     rmsprop_bias_correction: bool = _f(False, "rmsprop_shared: divide the statistic by "
                                        "1 - decay^t (Adam's correction), so that the first "
                                        "steps are not up to 10x the learning rate")
@@ -335,6 +341,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
                                             and cfg.adagrad_warmup_updates):
         raise ConfigError(f"{origin}: key 'adagrad_rmsprop_updates' needs optimizer 'adagrad' "
                           f"and adagrad_warmup_updates > 0 (its t0); set both or remove it")
+    if cfg.adagrad_rmsprop_start != "tensor" and not cfg.adagrad_rmsprop_updates:
+        raise ConfigError(f"{origin}: key 'adagrad_rmsprop_start' applies with "
+                          f"adagrad_rmsprop_updates > 0 only; set it or remove this key")
     if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
         raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
                           f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")

@@ -293,25 +293,30 @@ def test_the_ps_builds_its_shard_optimizer_from_the_config():
     assert (opt.decay, opt.eps) == (cfg.rmsprop_decay, cfg.optim_eps)
 
 
-def test_adagrad_after_rmsprop_steps_matches_a_slow_loop_and_resumes(path):
+@pytest.mark.parametrize("start", ["tensor", "parameter"])
+def test_adagrad_after_rmsprop_steps_matches_a_slow_loop_and_resumes(path, start):
     """adagrad_rmsprop_updates K = 3, t0 = 50, pieces [2, 3]: three bias-corrected RMSProp
-    steps at lr / sqrt(t0), then G0 = t0 x each piece's mean of the corrected statistic and
-    AdaGrad from there, written out in float64; a copy restored after 4 steps continues
-    identically; `n` counts the AdaGrad updates only."""
+    steps at lr / sqrt(t0), then G0 = t0 x each piece's mean of the corrected statistic
+    ("tensor") or t0 x each parameter's own, its piece's mean where it had no gradient
+    ("parameter"; the last parameter gets none in the RMSProp steps), and AdaGrad from
+    there, written out in float64; a copy restored after 4 steps continues identically; `n`
+    counts the AdaGrad updates only."""
     rng = np.random.default_rng(7)
     n, decay, eps, lr, t0, K, pieces = 5, 0.9, 1e-8, 0.05, 50, 3, [2, 3]
     theta = rng.normal(size=n).astype(np.float32)
     # the first gradient 100 times the later ones, as on Pong
     grads = [rng.normal(scale=1e-2 if t == 0 else 1e-4, size=n).astype(np.float32)
              for t in range(8)]
+    for g in grads[:K]:
+        g[-1] = 0.0
     opt = ShardOptimizer("adagrad", n, 2, decay=decay, eps=eps, warmup_updates=t0,
-                         rmsprop_updates=K, pieces=pieces)
+                         rmsprop_updates=K, pieces=pieces, rmsprop_start=start)
     a, b = theta.copy(), np.empty_like(theta)
     ref, v, G = theta.astype(np.float64), np.zeros(n), None
     for t, g in enumerate(grads, start=1):
         if t == 5:
             copy = ShardOptimizer("adagrad", n, 2, decay=decay, eps=eps, warmup_updates=t0,
-                                  rmsprop_updates=K, pieces=pieces)
+                                  rmsprop_updates=K, pieces=pieces, rmsprop_start=start)
             copy.set_state(opt.get_state())
             resumed_from = a.copy()
         opt.step(a, g, b, lr, t % 2)
@@ -328,6 +333,9 @@ def test_adagrad_after_rmsprop_steps_matches_a_slow_loop_and_resumes(path):
                 vhat = v / (1 - decay ** K)
                 G0 = np.concatenate([np.full(2, t0 * vhat[:2].mean()),
                                      np.full(3, t0 * vhat[2:].mean())])
+                if start == "parameter":
+                    assert vhat[-1] == 0
+                    G0 = np.where(vhat > 0, t0 * vhat, G0)
                 np.testing.assert_allclose(opt.state["G0"], G0, rtol=1e-6)
                 G = opt.state["G0"].astype(np.float64)     # G0 is kept in float32
             G = G + g64 ** 2
@@ -350,6 +358,8 @@ def test_adagrad_rmsprop_updates_need_adagrad_with_a_warm_start():
         ShardOptimizer("adagrad", 4, 1, rmsprop_updates=10)
     with pytest.raises(ValueError, match="rmsprop_updates needs adagrad"):
         ShardOptimizer("rmsprop_shared", 4, 1, rmsprop_updates=10)
+    with pytest.raises(ConfigError, match="'adagrad_rmsprop_start' applies with"):
+        load_config(ROOT / "configs/gorila_pong.toml", ["adagrad_rmsprop_start=parameter"])
     with pytest.raises(ConfigError, match="'adagrad_rmsprop_updates' needs optimizer 'adagrad'"):
         load_config(ROOT / "configs/gorila_pong.toml", ["adagrad_rmsprop_updates=100"])
 
@@ -364,9 +374,10 @@ def test_the_ps_hands_adagrad_rmsprop_updates_to_its_shard_optimizer():
     cfg = load_config(ROOT / "configs/gorila_pong.toml",
                       ["optimizer=adagrad", "learning_rate=0.05", "optim_eps=1e-8",
                        "rmsprop_bias_correction=false", "adagrad_warmup_updates=50000",
-                       "adagrad_rmsprop_updates=5000"])
+                       "adagrad_rmsprop_updates=5000", "adagrad_rmsprop_start=parameter"])
     store = SimpleNamespace(shard=0, sizes=[5], spec=SimpleNamespace(ranges=[(0, 5)],
                                                                       n_clients=2))
     opt = make_optimizer(cfg, store, tensor_sizes=[2, 3])
     assert (opt.kind, opt.warmup_updates, opt.rmsprop_updates) == ("adagrad", 50000, 5000)
     assert opt.pieces == [2, 3] and opt.decay == cfg.rmsprop_decay
+    assert opt.rmsprop_start == "parameter"

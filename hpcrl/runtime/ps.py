@@ -42,7 +42,8 @@ def make_optimizer(cfg: Config, store: ParameterStore,
                           initial=cfg.rmsprop_initial,
                           warmup_updates=(cfg.adagrad_warmup_updates
                                           if cfg.optimizer == "adagrad" else 0),
-                          rmsprop_updates=cfg.adagrad_rmsprop_updates, pieces=pieces)
+                          rmsprop_updates=cfg.adagrad_rmsprop_updates,
+                          rmsprop_start=cfg.adagrad_rmsprop_start, pieces=pieces)
 
 
 def assert_no_torch(role: str) -> None:

@@ -31,8 +31,10 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
                   random network's Q values) and which AdaGrad never forgets: the shard first
                   takes K bias-corrected RMSProp steps of lr / sqrt(t0) per weight (statistic
                   ``v``, count ``k``), then starts G at t0 times each tensor's mean of the
-                  corrected v. The first AdaGrad step is then about the last RMSProp one, and
-                  ``n`` counts the AdaGrad updates only.
+                  corrected v (``rmsprop_start`` "tensor"), or at t0 times each parameter's
+                  own ("parameter"; its tensor's mean where v is 0), so that the first
+                  AdaGrad step equals the last RMSProp one. ``n`` counts the AdaGrad updates
+                  only.
 * ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
 * ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
@@ -107,7 +109,8 @@ class ShardOptimizer:
     def __init__(self, kind: str, size: int, n_clients: int, *, decay: float = 0.99,
                  eps: float = 0.1, momentum: float = 0.9, bias_correction: bool = False,
                  warmup_updates: int = 0, initial: float = 0.0,
-                 pieces: Sequence[int] | None = None, rmsprop_updates: int = 0):
+                 pieces: Sequence[int] | None = None, rmsprop_updates: int = 0,
+                 rmsprop_start: str = "tensor"):
         if kind not in KINDS:
             raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(KINDS)}")
         if bias_correction and kind != "rmsprop_shared":
@@ -122,6 +125,9 @@ class ShardOptimizer:
             raise ValueError("rmsprop_updates needs adagrad with warmup_updates > 0")
         self.warmup_updates = int(warmup_updates)
         self.rmsprop_updates = int(rmsprop_updates)
+        if rmsprop_start not in ("tensor", "parameter"):
+            raise ValueError(f"rmsprop_start must be 'tensor' or 'parameter', not {rmsprop_start!r}")
+        self.rmsprop_start = rmsprop_start
         self.pieces = [size] if pieces is None else [int(k) for k in pieces]
         if sum(self.pieces) != size or min(self.pieces, default=1) <= 0:
             raise ValueError(f"tensor pieces {self.pieces} do not split a shard of {size}")
@@ -224,8 +230,11 @@ class ShardOptimizer:
                                    lr * (c / self.warmup_updates) ** 0.5, eps * c)
                 return
             corrected = self.state["v"] / (1.0 - self.decay ** int(k))
-            self.state["G0"][...] = warm_start_from_squares(corrected, self.pieces,
-                                                            self.warmup_updates)
+            G0 = warm_start_from_squares(corrected, self.pieces, self.warmup_updates)
+            if self.rmsprop_start == "parameter":
+                own = (self.warmup_updates * corrected.astype(np.float64)).astype(np.float32)
+                G0 = np.where(corrected > 0, own, G0)
+            self.state["G0"][...] = G0
             G += self.state["G0"]
         elif n == 0 and self.warmup_updates:
             self.state["G0"][...] = warm_start(grad, self.pieces, self.warmup_updates)
