@@ -203,6 +203,16 @@ def test_fused_kernel_at_every_alignment(offset, n):
     assert (out_buf[:offset] == 7).all() and (out_buf[offset + n:] == 7).all()   # no overrun
 
 
+def _steps_from(opt, theta, grads, first, lr):
+    """Steps t = first, first + 1, ... with grads[t - 1], alternating clients as the tests'
+    own loops do; returns the final parameters."""
+    a, b = theta.copy(), np.empty_like(theta)
+    for t, g in enumerate(grads[first - 1:], start=first):
+        opt.step(a, g, b, lr, t % 2)
+        a, b = b, a
+    return a
+
+
 def test_rmsprop_bias_correction_by_hand(path):
     # decay 0.9, eps 0.01, lr 0.5, theta 1:
     #   g = 2: v = 0.1 * 4 = 0.4, c = 1 - 0.9 = 0.1, v / c = 4; step = 0.5 * 2 / sqrt(4.01)
@@ -240,11 +250,7 @@ def test_rmsprop_bias_correction_matches_a_slow_loop_and_resumes(path):
             assert np.abs(ref - theta).max() <= lr
             np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-8)
-    c, d = resumed_from, np.empty_like(theta)
-    for t, g in enumerate(grads[5:], start=6):
-        copy.step(c, g, d, lr, t % 2)
-        c, d = d, c
-    np.testing.assert_array_equal(c, a)
+    np.testing.assert_array_equal(_steps_from(copy, resumed_from, grads, 6, lr), a)
 
 
 def test_bias_correction_is_for_shared_rmsprop_only():
@@ -343,11 +349,7 @@ def test_adagrad_after_rmsprop_steps_matches_a_slow_loop_and_resumes(path, start
         np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-9)
     assert int(opt.state["n"]) == len(grads) - K and int(opt.state["k"]) == K
     np.testing.assert_allclose(opt.statistic(), G - opt.state["G0"], rtol=1e-5)
-    c, d = resumed_from, np.empty_like(theta)
-    for t, g in enumerate(grads[4:], start=5):
-        copy.step(c, g, d, lr, t % 2)
-        c, d = d, c
-    np.testing.assert_array_equal(c, a)
+    np.testing.assert_array_equal(_steps_from(copy, resumed_from, grads, 5, lr), a)
 
 
 def test_adagrad_rmsprop_updates_need_adagrad_with_a_warm_start():

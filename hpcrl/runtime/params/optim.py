@@ -178,10 +178,7 @@ class ShardOptimizer:
         tmp = self._tmp
         eps = self.eps
         if self.bias_correction:
-            t = self.state["t"]
-            t += 1
-            c = 1.0 - self.decay ** int(t)
-            lr, eps = lr * c ** 0.5, eps * c
+            lr, eps = self._bias_corrected(self.state["t"], lr, eps)
         if self.kind == "sgd":
             np.multiply(grad, np.float32(lr), out=tmp)
         elif self.kind == "momentum":
@@ -197,6 +194,13 @@ class ShardOptimizer:
             self._rmsprop_step(self.statistics_for(client), theta_in, grad, theta_out, lr, eps)
             return
         np.subtract(theta_in, tmp, out=theta_out)
+
+    def _bias_corrected(self, count: np.ndarray, lr: float, eps: float) -> tuple[float, float]:
+        """Count one more step t and return (lr sqrt(c), eps c), c = 1 - decay^t: then
+        lr' g / sqrt(v + eps') = lr g / sqrt(v / c + eps), Adam's correction of a zero-started v."""
+        count += 1
+        c = 1.0 - self.decay ** int(count)
+        return lr * c ** 0.5, eps * c
 
     def _rmsprop_step(self, acc: np.ndarray, theta_in: np.ndarray, grad: np.ndarray,
                       theta_out: np.ndarray, lr: float, eps: float) -> None:
@@ -224,10 +228,8 @@ class ShardOptimizer:
         if self.rmsprop_updates and n == 0:
             k = self.state["k"]
             if k < self.rmsprop_updates:              # bias-corrected RMSProp, lr / sqrt(t0)
-                k += 1
-                c = 1.0 - self.decay ** int(k)
-                self._rmsprop_step(self.state["v"], theta_in, grad, theta_out,
-                                   lr * (c / self.warmup_updates) ** 0.5, eps * c)
+                lr_k, eps_k = self._bias_corrected(k, lr / self.warmup_updates ** 0.5, eps)
+                self._rmsprop_step(self.state["v"], theta_in, grad, theta_out, lr_k, eps_k)
                 return
             corrected = self.state["v"] / (1.0 - self.decay ** int(k))
             G0 = warm_start_from_squares(corrected, self.pieces, self.warmup_updates)
