@@ -167,7 +167,9 @@ class Config:
                    "(gain sqrt 2, zero biases, policy head 0.01)", choices=("torch", "orthogonal"))
     lstm_init: str = _f("torch", "A3C LSTM cell initialisation: torch (its defaults, the forget "
                         "gate near 0.5) | orthogonal (orthogonal gate blocks, zero biases, "
-                        "forget-gate bias 1)", choices=("torch", "orthogonal"))
+                        "forget-gate bias lstm_forget_bias)", choices=("torch", "orthogonal"))
+    lstm_forget_bias: float = _f(1.0, "forget-gate bias of lstm_init = orthogonal (Jozefowicz et "
+                                 "al. 2015: 1; OpenAI Baselines' LSTM: 0)")
 
     # --- asynchronous methods (Mnih et al. 2016) ---------------------------------------------
     t_max: int = _f(5, "rollout length in agent steps (n-step Q, A3C) / I_AsyncUpdate", lo=1)
@@ -357,6 +359,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.lstm_init != "torch" and not (cfg.algo == "a3c" and cfg.lstm):
         raise ConfigError(f"{origin}: key 'lstm_init' = '{cfg.lstm_init}' applies to A3C LSTM "
                           f"only (algo 'a3c' with lstm = true); remove it")
+    if cfg.lstm_forget_bias != 1.0 and cfg.lstm_init != "orthogonal":
+        raise ConfigError(f"{origin}: key 'lstm_forget_bias' applies with lstm_init = "
+                          f"'orthogonal' only (got '{cfg.lstm_init}'); set both or remove it")
     if cfg.learner_precision != "float32" and not (
             cfg.algo == "gorila" or (cfg.algo == "a3c" and not cfg.lstm)):
         raise ConfigError(f"{origin}: key 'learner_precision' = '{cfg.learner_precision}' "

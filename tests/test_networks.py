@@ -204,3 +204,23 @@ def test_orthogonal_lstm_init_gate_by_gate():
     assert default.lstm.bias_hh.detach().any()              # torch's U(+-1/16) biases
     with pytest.raises(ValueError, match="unknown lstm_init 'xavier'"):
         build_actor_critic((4,), 2, lstm=True, lstm_init="xavier")
+
+
+def test_lstm_forget_bias_from_the_config_reaches_the_cell():
+    """lstm_forget_bias = 0 (OpenAI Baselines' LSTM): the run's network (build_network, as
+    the actor-learners build it) has every gate bias 0; the key needs lstm_init =
+    orthogonal."""
+    from hpcrl.config import ConfigError, load_config
+    from hpcrl.rl.networks import build_network
+    from tests.util import ROOT
+
+    cfg = load_config(ROOT / "configs/a3c_lstm_pong.toml",
+                      ["lstm_init=orthogonal", "lstm_forget_bias=0.0"])
+    net = build_network(cfg, (4, 84, 84), 6)
+    assert not (net.lstm.bias_ih + net.lstm.bias_hh).detach().any()
+    cfg = load_config(ROOT / "configs/a3c_lstm_pong.toml",
+                      ["lstm_init=orthogonal", "lstm_forget_bias=2.0"])
+    bias = build_network(cfg, (4, 84, 84), 6).lstm.bias_ih.detach()
+    assert torch.equal(bias[256:512], torch.full((256,), 2.0)) and not bias[:256].any()
+    with pytest.raises(ConfigError, match="'lstm_forget_bias' applies with lstm_init"):
+        load_config(ROOT / "configs/a3c_lstm_pong.toml", ["lstm_forget_bias=0.0"])
