@@ -19,7 +19,10 @@ at 0 is a dead unit, or an input that is always 0: most of the first fully conne
 inputs in Pong are background positions where the conv features never fire, so that tensor sits
 near 40 % on a healthy network (measured at 0.75 M frames) and is no alarm by itself.
 
-    python -m hpcrl.diagnose RUN_DIR [--format text|json]
+    python -m hpcrl.diagnose RUN_DIR [--format text|json] [--probe AGENT_STEPS]
+
+``--probe`` also plays the run's game with the checkpoint's network and reports what the
+activations show (:mod:`hpcrl.tools.probe`: units off, LSTM cell saturation).
 
 Reads the run's ``config.toml`` (TOML, data only) and the ps ranks' HDF5 files of the newest
 complete checkpoint generation; builds the network (torch) only to name the tensors.
@@ -197,13 +200,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcrl.diagnose", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", help="a run directory (holds config.toml and checkpoints/)")
     p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--probe", type=int, default=0, metavar="AGENT_STEPS",
+                   help="also play this many agent steps of the run's game with the "
+                        "checkpoint's network: ReLU units off, LSTM cell saturation "
+                        "(hpcrl.tools.probe)")
+    p.add_argument("--probe-envs", type=int, default=8, metavar="N",
+                   help="--probe: environments stepped together (default 8)")
     args = p.parse_args(argv)
+    if args.probe < 0 or args.probe_envs < 1:
+        p.error("--probe takes agent steps >= 0 and --probe-envs environments >= 1")
     try:
         report = diagnose_run(args.run_dir)
+        if args.probe:
+            from hpcrl.tools.probe import probe_run
+
+            report["probe"] = probe_run(args.run_dir, args.probe, args.probe_envs)
     except (DiagnoseError, runfiles.RunFilesError, ckpt.CheckpointError, OSError) as exc:
         print(f"hpcrl.diagnose: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(json.dumps(report) + "\n" if args.format == "json" else format_text(report))
+    if args.format == "json":
+        sys.stdout.write(json.dumps(report) + "\n")
+        return 0
+    sys.stdout.write(format_text(report))
+    if "probe" in report:
+        from hpcrl.tools.probe import format_probe
+
+        sys.stdout.write(format_probe(report["probe"]))
     return 0
 
 
