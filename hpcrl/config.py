@@ -170,6 +170,9 @@ class Config:
                         "forget-gate bias lstm_forget_bias)", choices=("torch", "orthogonal"))
     lstm_forget_bias: float = _f(1.0, "forget-gate bias of lstm_init = orthogonal (Jozefowicz et "
                                  "al. 2015: 1; OpenAI Baselines' LSTM: 0)")
+    lstm_layer_norm: bool = _f(False, "A3C LSTM: a layer-normalised cell (Ba et al. 2016), not "
+                               "the paper's plain one: its output does not saturate as |c| "
+                               "grows over long episodes (hpcrl.rl.lstm)")
 
     # --- asynchronous methods (Mnih et al. 2016) ---------------------------------------------
     t_max: int = _f(5, "rollout length in agent steps (n-step Q, A3C) / I_AsyncUpdate", lo=1)
@@ -359,6 +362,9 @@ def _cross_checks(cfg: Config, origin: str) -> None:
     if cfg.lstm_init != "torch" and not (cfg.algo == "a3c" and cfg.lstm):
         raise ConfigError(f"{origin}: key 'lstm_init' = '{cfg.lstm_init}' applies to A3C LSTM "
                           f"only (algo 'a3c' with lstm = true); remove it")
+    if cfg.lstm_layer_norm and not (cfg.algo == "a3c" and cfg.lstm):
+        raise ConfigError(f"{origin}: key 'lstm_layer_norm' applies to A3C LSTM only (algo "
+                          f"'a3c' with lstm = true); remove it")
     if cfg.lstm_forget_bias != 1.0 and cfg.lstm_init != "orthogonal":
         raise ConfigError(f"{origin}: key 'lstm_forget_bias' applies with lstm_init = "
                           f"'orthogonal' only (got '{cfg.lstm_init}'); set both or remove it")

@@ -27,12 +27,13 @@ def test_units_off_and_cell_saturation_by_hand():
     assert s["forget_mean"] == pytest.approx(0.8375) and s["forget_open"] == 0.5
 
 
-def _run_dir(tmp_path, lstm: bool):
+def _run_dir(tmp_path, lstm: bool, layer_norm: bool = False):
     """A3C CartPole run directory whose one checkpoint holds weights set by hand: every torso
     weight and bias 0 (each ReLU's input is 0: no unit ever active); for the LSTM, zero
     weights, input, forget and cell gates saturated open (biases 30: sigmoid = tanh = 1 in
     float32) and the output gate at 0.5, so c counts the steps: c_t = c_(t-1) + 1."""
-    sets = ["mlp_hidden=4"] + (["lstm=true", "lstm_init=orthogonal"] if lstm else [])
+    sets = ["mlp_hidden=4"] + (["lstm=true", "lstm_init=orthogonal"] if lstm else []) + (
+        ["lstm_layer_norm=true"] if layer_norm else [])
     cfg = load_config("configs/a3c_cartpole.toml", sets)
     net = build_network(cfg, *env_spec(cfg))
     with torch.no_grad():
@@ -77,8 +78,19 @@ def test_probe_of_an_lstm_whose_cell_counts_the_steps(tmp_path, capsys):
     assert (s["c_max"], s["c_saturated"], s["forget_mean"], s["forget_open"]) == \
         (6.0, pytest.approx(4 / 6), 1.0, 1.0)
     assert main([str(run), "--probe", "6"]) == 0
-    assert "LSTM cell state over every step: |c| rms 3.89, max 6.0; 66.7 %" in \
+    assert "LSTM cell state over every step: |c| rms 3.89, max 6.0; 66.7 % with tanh's" in \
         capsys.readouterr().out
+
+
+def test_probe_of_a_layer_normalised_cell_reads_what_its_tanh_sees(tmp_path, capsys):
+    """The same counting cell, layer-normalised (LN gains 1, biases 0, zero weights: every gate
+    is its bias as above): c = 1, ..., 6 again, but all cells of a row are equal, so LN(c) = 0
+    and no tanh is saturated."""
+    run = _run_dir(tmp_path, lstm=True, layer_norm=True)
+    assert main([str(run), "--probe", "6", "--probe-envs", "2", "--format", "json"]) == 0
+    s = json.loads(capsys.readouterr().out)["probe"]["lstm"]
+    assert s["c_rms"] == pytest.approx(np.sqrt(91 / 6), rel=1e-6)
+    assert (s["c_saturated"], s["forget_open"]) == (0.0, 1.0)
 
 
 def test_probe_needs_a_positive_count(tmp_path, capsys):

@@ -38,6 +38,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpcrl.rl.lstm import LayerNormLSTMCell
+
 if TYPE_CHECKING:
     from hpcrl.config import Config
 
@@ -348,13 +350,14 @@ def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
                        hidden: int = 64, init: str = "torch", continuous: bool = False,
                        std: str = "softplus", min_var: float = 1e-4,
                        lstm_init: str = "torch", obs_norm_clip: float | None = None,
-                       separate_value: bool = False, lstm_forget_bias: float = 1.0
-                       ) -> _ActorCritic:
+                       separate_value: bool = False, lstm_forget_bias: float = 1.0,
+                       lstm_layer_norm: bool = False) -> _ActorCritic:
     """A3C network for 3-D (image) observations, MLP actor-critic for 1-D ones, the Gaussian
     one (``num_actions`` = the action dimension) for ``continuous`` actions; ``init``:
     "torch" (torch's default initialisation) or "orthogonal" (`init_orthogonal`);
     ``lstm_init``: the LSTM cell's, "torch" or "orthogonal" (`init_lstm_orthogonal`, its
-    forget-gate bias ``lstm_forget_bias``);
+    forget-gate bias ``lstm_forget_bias``); ``lstm_layer_norm``: the LSTM cell layer-normalised
+    (:class:`hpcrl.rl.lstm.LayerNormLSTMCell`);
     ``obs_norm_clip``: normalise the Gaussian policy's observations, clipped at this many
     standard deviations (None: raw observations)."""
     for name, value in (("init", init), ("lstm_init", lstm_init)):
@@ -369,6 +372,10 @@ def build_actor_critic(obs_shape: tuple[int, ...], num_actions: int, lstm: bool,
         net = A3CNetwork(tuple(obs_shape), num_actions, lstm=lstm)
     else:
         net = MLPActorCritic(int(np.prod(obs_shape)), num_actions, lstm=lstm, hidden=hidden)
+    if lstm_layer_norm:
+        if net.lstm is None:
+            raise ValueError("lstm_layer_norm needs an LSTM (lstm = true)")
+        net.lstm = LayerNormLSTMCell(net.lstm.input_size, net.lstm.hidden_size)
     if init == "orthogonal":
         init_orthogonal(net)
     if lstm_init == "orthogonal" and net.lstm is not None:
@@ -393,6 +400,7 @@ def build_network(cfg: "Config", obs_shape: tuple[int, ...], num_actions: int) -
                                   init=cfg.init, continuous=continuous_id(cfg.game) is not None,
                                   std=cfg.gaussian_std, min_var=cfg.gaussian_min_var,
                                   lstm_init=cfg.lstm_init, lstm_forget_bias=cfg.lstm_forget_bias,
+                                  lstm_layer_norm=cfg.lstm_layer_norm,
                                   obs_norm_clip=cfg.obs_norm_clip if cfg.obs_norm else None,
                                   separate_value=cfg.value_network == "separate")
     return build_q_network(obs_shape, num_actions, kind=cfg.network, hidden=cfg.mlp_hidden)

@@ -32,13 +32,15 @@ def units_off(ever_active: np.ndarray) -> float:
     return float(1.0 - np.mean(ever_active))
 
 
-def cell_saturation(c: np.ndarray, f: np.ndarray) -> dict:
+def cell_saturation(c: np.ndarray, f: np.ndarray, tanh_in: np.ndarray | None = None) -> dict:
     """Statistics of LSTM cell states c and forget gates f (any shape, the same one):
-    rms and max of |c|, the share with |c| > SATURATED_C, the mean forget gate and the share
-    above OPEN_FORGET."""
+    rms and max of |c|, the share whose output tanh is saturated (its input, c or in a
+    layer-normalised cell LN(c), beyond SATURATED_C), the mean forget gate and the share above
+    OPEN_FORGET."""
     c, f = np.asarray(c, np.float64), np.asarray(f, np.float64)
+    tanh_in = c if tanh_in is None else np.asarray(tanh_in, np.float64)
     return {"c_rms": float(np.sqrt(np.mean(c * c))), "c_max": float(np.abs(c).max()),
-            "c_saturated": float(np.mean(np.abs(c) > SATURATED_C)),
+            "c_saturated": float(np.mean(np.abs(tanh_in) > SATURATED_C)),
             "forget_mean": float(f.mean()), "forget_open": float(np.mean(f > OPEN_FORGET))}
 
 
@@ -48,7 +50,7 @@ class _Recorder:
     def __init__(self, net):
         import torch.nn as nn
 
-        self.names, self.active, self.c, self.f = [], {}, [], []
+        self.names, self.active, self.c, self.f, self.tanh_in = [], {}, [], [], []
         self.handles = []
         for name, module in net.torso.named_children():
             if isinstance(module, nn.ReLU):
@@ -72,11 +74,13 @@ class _Recorder:
     def _lstm(self, cell, inputs, out):
         import torch
 
+        from hpcrl.rl.lstm import lstm_gates, tanh_input
+
         x, (h, _) = inputs
         n = cell.hidden_size
-        gates = x @ cell.weight_ih.T + h @ cell.weight_hh.T + cell.bias_ih + cell.bias_hh
-        self.f.append(torch.sigmoid(gates[:, n:2 * n]).numpy())
+        self.f.append(torch.sigmoid(lstm_gates(cell, x, h)[:, n:2 * n]).numpy())
         self.c.append(out[1].numpy())
+        self.tanh_in.append(tanh_input(cell, out[1]).numpy())
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -111,7 +115,8 @@ def probe_run(run_dir: str | Path, agent_steps: int, num_envs: int = 8, seed: in
               "agent_steps": agent_steps, "envs": num_envs,
               "units_off": {n: units_off(recorder.active[n]) for n in recorder.names}}
     if recorder.c:
-        report["lstm"] = cell_saturation(np.stack(recorder.c), np.stack(recorder.f))
+        report["lstm"] = cell_saturation(np.stack(recorder.c), np.stack(recorder.f),
+                                         np.stack(recorder.tanh_in))
     return report
 
 
@@ -124,8 +129,8 @@ def format_probe(report: dict) -> str:
     s = report.get("lstm")
     if s:
         lines.append(f"  LSTM cell state over every step: |c| rms {s['c_rms']:.2f}, max "
-                     f"{s['c_max']:.1f}; {100 * s['c_saturated']:.1f} % with |c| > "
-                     f"{SATURATED_C:g} (tanh' < 0.07: little gradient to the gates); forget "
+                     f"{s['c_max']:.1f}; {100 * s['c_saturated']:.1f} % with tanh's input "
+                     f"beyond +-{SATURATED_C:g} (tanh' < 0.07: little gradient to the gates); forget "
                      f"gate mean {s['forget_mean']:.3f}, {100 * s['forget_open']:.1f} % above "
                      f"{OPEN_FORGET:g}")
     return "\n".join(lines) + "\n"
