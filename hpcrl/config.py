@@ -163,8 +163,9 @@ class Config:
                       "conv 16 8x8/4, conv 32 4x4/2, fc 256) | mlp",
                       choices=("auto", "nature", "small", "mlp"))
     mlp_hidden: int = _f(64, "hidden units per layer of MLP networks (classic control)", lo=1)
-    init: str = _f("torch", "A3C network initialisation: torch (its defaults) | orthogonal "
-                   "(gain sqrt 2, zero biases, policy head 0.01)", choices=("torch", "orthogonal"))
+    init: str = _f("torch", "network initialisation: torch (its defaults) | orthogonal (gain "
+                   "sqrt 2, zero biases, policy head 0.01, value and Q heads 1)",
+                   choices=("torch", "orthogonal"))
     lstm_init: str = _f("torch", "A3C LSTM cell initialisation: torch (its defaults, the forget "
                         "gate near 0.5) | orthogonal (orthogonal gate blocks, zero biases, "
                         "forget-gate bias lstm_forget_bias)", choices=("torch", "orthogonal"))
@@ -372,9 +373,6 @@ def _cross_checks(cfg: Config, origin: str) -> None:
             cfg.algo == "gorila" or (cfg.algo == "a3c" and not cfg.lstm)):
         raise ConfigError(f"{origin}: key 'learner_precision' = '{cfg.learner_precision}' "
                           f"applies to algo 'gorila' and feed-forward 'a3c' only; remove it")
-    if cfg.init != "torch" and cfg.algo != "a3c":
-        raise ConfigError(f"{origin}: key 'init' = '{cfg.init}' applies to algo 'a3c' only "
-                          f"(got '{cfg.algo}'); remove it")
     if cfg.algo != "gorila" and cfg.target_update_unit == "updates":
         raise ConfigError(f"{origin}: key 'target_update_unit' = 'updates' applies to algo "
                           f"'gorila' only (the asynchronous methods count global agent steps)")

@@ -88,11 +88,9 @@ def test_shipped_configs_parse():
         tomllib.loads(f.read_text())
 
 
-def test_init_applies_to_a3c_only():
+def test_init_applies_to_every_algo():
     assert load_config(None, ["algo=a3c", "init=orthogonal"]).init == "orthogonal"
-    with pytest.raises(ConfigError, match=r"^config: key 'init' = 'orthogonal' applies to algo "
-                                          r"'a3c' only \(got 'gorila'\)"):
-        load_config(None, ["init=orthogonal"])
+    assert load_config(None, ["init=orthogonal"]).init == "orthogonal"
     with pytest.raises(ConfigError, match="init"):
         load_config(None, ["algo=a3c", "init=xavier"])
 

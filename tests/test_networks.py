@@ -224,3 +224,25 @@ def test_lstm_forget_bias_from_the_config_reaches_the_cell():
     assert torch.equal(bias[256:512], torch.full((256,), 2.0)) and not bias[:256].any()
     with pytest.raises(ConfigError, match="'lstm_forget_bias' applies with lstm_init"):
         load_config(ROOT / "configs/a3c_lstm_pong.toml", ["lstm_forget_bias=0.0"])
+
+
+def test_orthogonal_init_of_the_value_methods_network():
+    """init = "orthogonal" for n-step Q (the small network): each conv and linear layer of the
+    torso orthogonal with gain sqrt 2 (W W^T = 2 I over the flattened rows, the rows being
+    fewer than the columns), the Q head with gain 1, every bias 0; torch's default keeps
+    nonzero biases."""
+    from hpcrl.config import load_config
+    from hpcrl.rl.networks import build_network
+    from tests.util import ROOT
+
+    torch.manual_seed(0)
+    cfg = load_config(ROOT / "configs/n_step_q_pong.toml", ["init=orthogonal"])
+    net = build_network(cfg, (4, 84, 84), 6)
+    layers = [m for m in net.torso if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    assert len(layers) == 3
+    for module, gain in [(m, 2.0) for m in layers] + [(net.q_head, 1.0)]:
+        w = module.weight.detach().reshape(module.weight.shape[0], -1).double()
+        np.testing.assert_allclose(w @ w.T, gain * np.eye(w.shape[0]), atol=1e-5)
+        assert not module.bias.detach().any()
+    default = build_network(load_config(ROOT / "configs/n_step_q_pong.toml"), (4, 84, 84), 6)
+    assert default.q_head.bias.detach().any()

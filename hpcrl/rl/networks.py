@@ -286,30 +286,35 @@ def reset_lstm_state(state: LSTMState | None, episode_end: np.ndarray | torch.Te
 
 
 def build_q_network(obs_shape: tuple[int, ...], num_actions: int, kind: str = "auto",
-                    hidden: int = 64) -> nn.Module:
+                    hidden: int = 64, init: str = "torch") -> nn.Module:
     """Q-network for an env: "nature" (conv, 3-D obs), "small" (the asynchronous methods'
-    conv network, 3-D obs), "mlp" (1-D obs), or "auto" (nature or mlp, by obs rank)."""
+    conv network, 3-D obs), "mlp" (1-D obs), or "auto" (nature or mlp, by obs rank);
+    ``init``: "torch" (its defaults) or "orthogonal" (`init_orthogonal`)."""
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r} ({', '.join(INITS)})")
     if kind == "auto":
         kind = "nature" if len(obs_shape) == 3 else "mlp"
     if kind == "nature":
-        return NatureQNetwork(tuple(obs_shape), num_actions)
-    if kind == "small":
-        return SmallQNetwork(tuple(obs_shape), num_actions)
-    if kind == "mlp":
-        return MLPQNetwork(int(np.prod(obs_shape)), num_actions, hidden=(hidden, hidden))
-    raise ValueError(f"unknown q-network kind {kind!r} (auto, nature, small, mlp)")
+        net = NatureQNetwork(tuple(obs_shape), num_actions)
+    elif kind == "small":
+        net = SmallQNetwork(tuple(obs_shape), num_actions)
+    elif kind == "mlp":
+        net = MLPQNetwork(int(np.prod(obs_shape)), num_actions, hidden=(hidden, hidden))
+    else:
+        raise ValueError(f"unknown q-network kind {kind!r} (auto, nature, small, mlp)")
+    return init_orthogonal(net) if init == "orthogonal" else net
 
 
 INITS = ("torch", "orthogonal")
 
 
 @torch.no_grad()
-def init_orthogonal(net: _ActorCritic) -> _ActorCritic:
+def init_orthogonal(net: nn.Module) -> nn.Module:
     """Orthogonal weights (Saxe et al. 2014) and zero biases, in place; returns ``net``.
 
     Torso layers get gain sqrt(2) (ReLU), the policy head 0.01 (a near-uniform first policy)
-    and the value head 1, as in the A2C of OpenAI Baselines; an LSTM cell keeps torch's
-    (``lstm_init`` = "orthogonal": `init_lstm_orthogonal`).
+    and the value head 1, as in the A2C of OpenAI Baselines, a Q-network's head 1; an LSTM
+    cell keeps torch's (``lstm_init`` = "orthogonal": `init_lstm_orthogonal`).
     Why: torch's default, U(+-1/sqrt(fan_in)) for weights and biases, is the same as
     Torch7's default, but under RMSProp's fixed-size steps those small weights and
     random biases let A3C on Pong lose most ReLU units within 1 M frames (measured with
@@ -318,7 +323,9 @@ def init_orthogonal(net: _ActorCritic) -> _ActorCritic:
     torsos = [net.torso] + [t for t in [getattr(net, "value_torso", None)] if t is not None]
     layers = [(m, 2 ** 0.5) for torso in torsos for m in torso
               if isinstance(m, (nn.Conv2d, nn.Linear))]
-    for module, gain in layers + [(net.policy_head, 0.01), (net.value_head, 1.0)]:
+    heads = ([(net.q_head, 1.0)] if hasattr(net, "q_head")
+             else [(net.policy_head, 0.01), (net.value_head, 1.0)])
+    for module, gain in layers + heads:
         nn.init.orthogonal_(module.weight, gain)
         nn.init.zeros_(module.bias)
     return net
@@ -403,4 +410,5 @@ def build_network(cfg: "Config", obs_shape: tuple[int, ...], num_actions: int) -
                                   lstm_layer_norm=cfg.lstm_layer_norm,
                                   obs_norm_clip=cfg.obs_norm_clip if cfg.obs_norm else None,
                                   separate_value=cfg.value_network == "separate")
-    return build_q_network(obs_shape, num_actions, kind=cfg.network, hidden=cfg.mlp_hidden)
+    return build_q_network(obs_shape, num_actions, kind=cfg.network, hidden=cfg.mlp_hidden,
+                           init=cfg.init)
