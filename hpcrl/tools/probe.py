@@ -11,8 +11,9 @@ Where f stays near 1 and the input gate stays open, c grows with the length of t
 (a Pong episode is thousands of agent steps) while truncated backpropagation over t_max = 5
 steps never sees, and never corrects, that growth. h = o tanh(c) then saturates: tanh'(c) <
 0.07 for |c| > 2, so almost no gradient reaches the input, forget and cell gates, nor, through
-them, the layers before the LSTM (Hochreiter and Schmidhuber 1997 bound c by the same
-reasoning; Gers et al. 2000 added the forget gate to let it reset).
+them, the layers before the LSTM. (Gers et al. 2000 added the forget gate because without one
+the cell state grows without bound on long input streams; a forget gate stuck at 1 brings
+that back.)
 
     python -m hpcrl.diagnose RUN_DIR --probe AGENT_STEPS [--probe-envs N]
 """
