@@ -15,7 +15,7 @@ LSTM get no gradient. The gradient of the loss with respect to f is dL/dc x c_(t
 with |c|, and RMSProp's normalised steps turn it into steps of about the learning rate either
 way. After LN(c') the output no longer depends on the cells' scale, so a growing |c| neither
 saturates tanh nor feeds the forget gates' gradient. A deviation from the paper's A3C LSTM (a
-plain LSTM cell), named in the configs that use it.
+plain LSTM cell); no shipped config uses it (its Pong screen still lost the fc layer).
 
 Gate order and parameter names follow ``torch.nn.LSTMCell`` (input, forget, cell, output;
 ``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``), so the same initialisations apply.

@@ -55,15 +55,10 @@ class _Recorder:
         self.handles = []
         for name, module in net.torso.named_children():
             if isinstance(module, nn.ReLU):
-                self.names.append(self._layer_name(net.torso, name))
+                self.names.append(f"torso.{int(name) - 1}")   # the conv / linear before it
                 self.handles.append(module.register_forward_hook(self._relu(self.names[-1])))
         if getattr(net, "lstm", None) is not None:
             self.handles.append(net.lstm.register_forward_hook(self._lstm))
-
-    @staticmethod
-    def _layer_name(torso, relu_name: str) -> str:
-        """The ReLU's layer: the Conv2d or Linear before it (torso.0 for torso.1)."""
-        return f"torso.{int(relu_name) - 1}"
 
     def _relu(self, name: str):
         def hook(module, inputs, out):
