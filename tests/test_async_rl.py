@@ -10,7 +10,7 @@ import torch
 
 from hpcrl.agents.async_rl.learner import (AsyncLearner, actor_critic_bootstrap,
                                            actor_critic_outputs, clip_by_global_norm,
-                                           unroll_actor_critic)
+                                           target_q_values, unroll_actor_critic)
 from hpcrl.agents.base import target_refresh_due
 from hpcrl.agents.async_rl.rollout import Rollout, collect_rollout, next_obs_before_reset
 from hpcrl.bench.jobs import phase_fraction
@@ -404,6 +404,56 @@ def test_one_pass_outputs_on_frames_equal_unroll_plus_bootstrap():
         (lg.logsumexp(-1).sum() + v.square().sum()).backward()
         grads.append(np.concatenate([p.grad.numpy().ravel() for p in net.parameters()]))
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5 * np.abs(grads[1]).max())
+
+
+def test_n_step_q_gradient_on_frames_equals_algorithm_s2_step_by_step():
+    """n-step Q's fast path (the target network only on the states that bootstrap, a
+    channels-last batch) against Algorithm S2 written out per environment and step: returns
+    accumulated backwards from max_a Q(s_t, a; theta-) at each cut, one transition's Huber
+    loss at a time, summed over steps and averaged over environments."""
+    torch.manual_seed(5)
+    net = build_q_network((4, 84, 84), 6, kind="small", init="orthogonal")
+    target = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.mul_(1.5)
+    rng = np.random.default_rng(6)
+    T, N, gamma = 5, 3, 0.9
+    s_tm1 = rng.integers(0, 256, (T, N, 4, 84, 84), dtype=np.uint8)
+    s_t = rng.integers(0, 256, (T, N, 4, 84, 84), dtype=np.uint8)
+    end = np.zeros((T, N), bool)
+    end[1, 0] = end[2, 2] = True
+    d = np.ones((T, N), np.float32)
+    d[1, 0] = 0                                   # env 0 terminal at 1; env 2 cut at 2 (time limit)
+    a = rng.integers(0, 6, (T, N))
+    r = rng.choice([-1.0, 0.0, 1.0], (T, N)).astype(np.float32)
+    rollout = Rollout(s_tm1, a, r, d, end, s_t)
+    cfg = Config(algo="n_step_q", gamma=gamma, grad_clip_norm=0.0, loss="huber")
+
+    q_t = target_q_values(target, "n_step_q", rollout)
+    bootstraps = {(4, 0), (4, 1), (4, 2), (2, 2)}     # the last step and the time-limit cut
+    for i in range(T):
+        for n in range(N):
+            row = q_t[i, n]
+            if (i, n) in bootstraps:
+                np.testing.assert_allclose(
+                    row, target(torch.from_numpy(s_t[i, n:n + 1])).detach().numpy()[0], rtol=1e-5,
+                    atol=1e-6)
+            else:
+                assert not row.any()
+    grad = np.concatenate(AsyncLearner(net, target, cfg).gradient(rollout))
+
+    net.zero_grad()
+    for n in range(N):
+        R = 0.0
+        for i in reversed(range(T)):
+            with torch.no_grad():
+                boot = float(target(torch.from_numpy(s_t[i, n:n + 1])).max())
+            R = r[i, n] + gamma * d[i, n] * (boot if (i == T - 1 or end[i, n]) else R)
+            q = net(torch.from_numpy(s_tm1[i, n:n + 1]))[0, a[i, n]]
+            (huber(R - q) / N).backward()
+    ref = np.concatenate([p.grad.numpy().ravel() for p in net.parameters()])
+    np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
 
 def test_bfloat16_torso_gradient_is_the_float32_one_to_bfloat16_resolution():

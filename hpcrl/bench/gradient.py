@@ -15,6 +15,11 @@ and rollout shape, t_max x envs_per_actor states):
 
 Each figure is milliseconds per rollout gradient (median over blocks); ``*_over_reference``
 divides by ``bootstrap_in_batch``.
+
+``--algo n_step_q`` (:func:`bench_value_gradient`, ``configs/n_step_q_pong.toml``'s network
+and rollout): ``learner`` (the production path: the target network only on the states that
+bootstrap, a channels-last batch) against ``all_states_nchw`` (the target network on every
+s_t, an NCHW batch: the previous path).
 """
 
 from __future__ import annotations
@@ -44,6 +49,66 @@ def _rollout(cfg, steps: int):
     return Rollout(np.stack(s_tm1), rng.integers(0, env.num_actions, (steps, n)),
                    rng.normal(size=(steps, n)).astype(np.float32),
                    np.ones((steps, n), np.float32), np.zeros((steps, n), bool), np.stack(s_t))
+
+
+def _time(variants: dict, blocks: int, reps: int) -> dict:
+    """Milliseconds per call of each variant: 3 warm-up calls each, then ``blocks`` rounds of
+    ``reps`` calls of each in turn."""
+    times = {k: [] for k in variants}
+    for f in variants.values():
+        for _ in range(3):
+            f()
+    for _ in range(blocks):
+        for k, f in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                f()
+            times[k].append((time.perf_counter() - t0) / reps * 1e3)
+    return times
+
+
+def _summary(name: str, states: int, blocks: int, reps: int, times: dict, reference: str) -> dict:
+    ms = {k: float(np.median(v)) for k, v in times.items()}
+    ref = ms[reference]
+    return {"bench": name, "states": states, "blocks": blocks, "reps": reps,
+            **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+            **{f"{k}_over_reference": round(v / ref, 3) for k, v in ms.items() if k != reference},
+            "runs_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}
+
+
+def bench_value_gradient(blocks: int = 7, reps: int = 20) -> dict:
+    import copy
+
+    import torch
+
+    from hpcrl.agents.async_rl.learner import AsyncLearner
+    from hpcrl.agents.async_rl.rollout import flat_batch
+    from hpcrl.config import load_config
+    from hpcrl.rl.losses import dqn_loss, td_error, value_targets
+    from hpcrl.rl.networks import build_q_network
+
+    torch.set_num_threads(1)
+    cfg = load_config("configs/n_step_q_pong.toml", [])
+    rollout = _rollout(cfg, cfg.t_max)
+    T, N = rollout.a_tm1.shape
+    net = build_q_network(rollout.s_tm1.shape[2:], 6, kind=cfg.network, init=cfg.init)
+    target = copy.deepcopy(net)
+    learner = AsyncLearner(net, target, cfg)
+    x, x_t = (torch.from_numpy(flat_batch(s)) for s in (rollout.s_tm1, rollout.s_t))
+    acts = torch.from_numpy(rollout.a_tm1.reshape(-1))
+
+    def all_states_nchw():
+        with torch.no_grad():
+            q_t = target(x_t).numpy().reshape(T, N, -1)
+        y = value_targets(cfg.algo, rollout.r_t, rollout.discount_t, rollout.end_t,
+                          rollout.a_tm1, q_t, cfg.gamma)
+        loss = dqn_loss(td_error(net(x), acts, y.reshape(-1)), cfg.loss, reduction="sum") / N
+        net.zero_grad(set_to_none=True)
+        loss.backward()
+
+    times = _time({"learner": lambda: learner.gradient(rollout),
+                   "all_states_nchw": all_states_nchw}, blocks, reps)
+    return _summary("gradient_n_step_q", T * N, blocks, reps, times, "all_states_nchw")
 
 
 def bench_gradient(blocks: int = 7, reps: int = 20) -> dict:
@@ -92,20 +157,5 @@ def bench_gradient(blocks: int = 7, reps: int = 20) -> dict:
     variants = {"learner": lambda: learner.gradient(rollout),
                 "bootstrap_in_batch": in_batch, "bootstrap_apart": apart,
                 "bfloat16_torso": lambda: apart(torch.bfloat16)}
-    times = {k: [] for k in variants}
-    for f in variants.values():
-        for _ in range(3):
-            f()
-    for _ in range(blocks):
-        for k, f in variants.items():
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                f()
-            times[k].append((time.perf_counter() - t0) / reps * 1e3)
-    ms = {k: float(np.median(v)) for k, v in times.items()}
-    ref = ms["bootstrap_in_batch"]
-    return {"bench": "gradient", "states": T * N, "blocks": blocks, "reps": reps,
-            **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
-            **{f"{k}_over_reference": round(v / ref, 3) for k, v in ms.items()
-               if k != "bootstrap_in_batch"},
-            "runs_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}
+    times = _time(variants, blocks, reps)
+    return _summary("gradient", T * N, blocks, reps, times, "bootstrap_in_batch")

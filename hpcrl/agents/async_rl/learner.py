@@ -128,6 +128,36 @@ def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout,
     return lg.reshape(T, N, -1), v.reshape(T, N), v_t.reshape(T, N)
 
 
+def target_q_values(target: torch.nn.Module, algo: str, rollout: Rollout) -> np.ndarray:
+    """Q(s_t, .; theta-) [T, N, A] where the method's targets read it; zeros elsewhere.
+
+    n-step Q (Algorithm S2) bootstraps only where a return is cut and not terminal (the
+    rollout's last step, time-limit cuts): about one state in t_max, so only those go through
+    the target network. The one-step methods read every step's s_t.
+    """
+    T, N = rollout.a_tm1.shape[:2]
+    s_t = flat_batch(rollout.s_t)
+    with torch.no_grad():
+        if algo != "n_step_q":
+            return target(torch.from_numpy(s_t)).numpy().reshape(T, N, -1)
+        idx = np.flatnonzero((rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)).reshape(-1))
+        if not idx.size:                          # every return ends in its episode
+            return np.zeros((T, N, 1), np.float32)
+        q_cut = target(torch.from_numpy(s_t[idx])).numpy()
+    q_t = np.zeros((T * N, q_cut.shape[-1]), np.float32)
+    q_t[idx] = q_cut
+    return q_t.reshape(T, N, -1)
+
+
+def rollout_q_values(net: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
+    """Q(s_tm1, .; theta) [T * N, A] with its graph, image batches in channels-last memory (as
+    A3C's gradient pass, :func:`actor_critic_outputs`)."""
+    x = torch.from_numpy(flat_batch(rollout.s_tm1))
+    if x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return net(x)
+
+
 class AsyncLearner:
     """The gradient of one rollout, for any of the four methods, as the flat vector in pieces
     (one per parameter, see ``ParamLayout.grad_pieces``)."""
@@ -160,11 +190,10 @@ class AsyncLearner:
                        torch.from_numpy(returns), self.cfg.entropy_beta, self.cfg.value_coef)
             self._health = float(out["entropy"].detach()) / (T * N)   # per agent step
             return out["total"] / N
-        with torch.no_grad():
-            q_t = self.target(torch.from_numpy(flat_batch(rollout.s_t))).numpy()
+        q_t = target_q_values(self.target, self.cfg.algo, rollout)
         y = value_targets(self.cfg.algo, rollout.r_t, rollout.discount_t, rollout.end_t,
-                          rollout.a_tm1, q_t.reshape(T, N, -1), self.cfg.gamma, a_next)
-        q_tm1 = self.net(torch.from_numpy(flat_batch(rollout.s_tm1)))
+                          rollout.a_tm1, q_t, self.cfg.gamma, a_next)
+        q_tm1 = rollout_q_values(self.net, rollout)
         self._health = float(q_tm1.detach().max(dim=-1).values.mean())
         td = td_error(q_tm1, torch.from_numpy(rollout.a_tm1.reshape(-1)), y.reshape(-1))
         return dqn_loss(td, self.cfg.loss, reduction="sum") / N
