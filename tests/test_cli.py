@@ -306,3 +306,34 @@ def test_bench_gradient_prints_its_ratios(algo, name, reference, variants):
     for k in variants:
         assert result[f"{k}_ms"] == pytest.approx(np.median(result["runs_ms"][k]), abs=0.01)
         assert result[f"{k}_over_reference"] == pytest.approx(result[f"{k}_ms"] / ref, abs=2e-3)
+
+
+@pytest.mark.mpi
+def test_bench_scaling_prints_json():
+    """A short `bench scaling` (two real A3C Pong jobs of a few seconds each): the JSON contract
+    that the README's figures come from. Speed itself is the benchmark's business, not a test's."""
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.bench", "scaling", "--algo", "a3c",
+                           "--seconds", "2", "--warmup", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "scaling" and len(result["offline_bound_blocks_steps_per_s"]) == 4
+    assert result["frames_per_s_1"] > 0 and result["frames_per_s_2"] > 0
+    runs = result["frames_per_s_1_runs"]                    # jobs in the order 1, 2, 1
+    assert len(runs) == 2 and result["frames_per_s_1"] == pytest.approx(np.mean(runs), rel=1e-3)
+    assert result["speedup"] == pytest.approx(result["frames_per_s_2"] / result["frames_per_s_1"])
+    assert result["fraction"] == pytest.approx(np.mean(result["fraction_runs"]), rel=1e-3)
+    assert 0 < result["fraction"] < 1 and len(result["fraction_2"]) == 2    # in-process phases
+    assert set(result["phase_ms_per_step_2"]) == {"env", "forward", "learn"}
+    # one ps per job: a share of one core, and CPU per gradient it applied
+    assert len(result["ps_cpu_fraction_1"]) == 2 and len(result["ps_cpu_fraction_2"]) == 1
+    assert all(0 < f < 1 for f in result["ps_cpu_fraction_1"] + result["ps_cpu_fraction_2"])
+    assert result["ps_cpu_ms_per_gradient_2"][0] > 0
+    assert set(result["phase_ms_per_step"]) == {"env", "forward", "learn"}
+    # the raw bound, timed 4 times around the 3 jobs: the 2-actor-learner job over its median
+    assert len(result["raw_frames_per_s_runs"]) == 4 and result["raw_frames_per_s"] > 0
+    assert result["raw_fraction"] == pytest.approx(
+        result["frames_per_s_2"] / np.median(result["raw_frames_per_s_runs"]), rel=1e-3)
+    assert result["raw_fraction_1"] == pytest.approx(
+        result["frames_per_s_1"] / result["raw_frames_per_s"])
+    assert 0 < result["raw_fraction"] < 1
