@@ -81,6 +81,18 @@ def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
     return torch.stack(logits), torch.stack(values), after
 
 
+def bootstrap_mask(rollout: Rollout) -> np.ndarray:
+    """[T, N] bool: where a return bootstraps from s_t (cut and not terminal)."""
+    return rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)
+
+
+def gradient_batch(rollout: Rollout) -> torch.Tensor:
+    """The rollout's s_tm1 as one [T * N, ...] batch, images in channels-last memory
+    (oneDNN's faster convolution layout on this CPU, docs/performance.md)."""
+    x = torch.from_numpy(flat_batch(rollout.s_tm1))
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
 @torch.no_grad()
 def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) -> np.ndarray:
     """V(s_t[i]; theta) where step i's return bootstraps (cut and not terminal), else 0.
@@ -88,7 +100,7 @@ def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) 
     Returns:
         [T, N] float32.
     """
-    cut_t = rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)
+    cut_t = bootstrap_mask(rollout)
     v_t = np.zeros(rollout.r_t.shape, np.float32)
     for i in np.flatnonzero(cut_t.any(axis=1)):
         _, v, _ = net(torch.from_numpy(rollout.s_t[i]), after[i])
@@ -115,12 +127,9 @@ def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout,
     if _recurrent(net):
         logits, values, after = unroll_actor_critic(net, rollout)
         return logits, values, actor_critic_bootstrap(net, rollout, after)
-    x = torch.from_numpy(flat_batch(rollout.s_tm1))
-    if x.dim() == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
-    lg, v, _ = net(x, None, torso_dtype)
+    lg, v, _ = net(gradient_batch(rollout), None, torso_dtype)
     v_t = np.zeros(T * N, np.float32)
-    idx = np.flatnonzero((rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)).reshape(-1))
+    idx = np.flatnonzero(bootstrap_mask(rollout).reshape(-1))
     if idx.size:
         with torch.no_grad():
             _, v_cut, _ = net(torch.from_numpy(flat_batch(rollout.s_t)[idx]), None)
@@ -140,22 +149,13 @@ def target_q_values(target: torch.nn.Module, algo: str, rollout: Rollout) -> np.
     with torch.no_grad():
         if algo != "n_step_q":
             return target(torch.from_numpy(s_t)).numpy().reshape(T, N, -1)
-        idx = np.flatnonzero((rollout_cuts(rollout.end_t) & (rollout.discount_t > 0)).reshape(-1))
+        idx = np.flatnonzero(bootstrap_mask(rollout).reshape(-1))
         if not idx.size:                          # every return ends in its episode
             return np.zeros((T, N, 1), np.float32)
         q_cut = target(torch.from_numpy(s_t[idx])).numpy()
     q_t = np.zeros((T * N, q_cut.shape[-1]), np.float32)
     q_t[idx] = q_cut
     return q_t.reshape(T, N, -1)
-
-
-def rollout_q_values(net: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
-    """Q(s_tm1, .; theta) [T * N, A] with its graph, image batches in channels-last memory (as
-    A3C's gradient pass, :func:`actor_critic_outputs`)."""
-    x = torch.from_numpy(flat_batch(rollout.s_tm1))
-    if x.dim() == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
-    return net(x)
 
 
 class AsyncLearner:
@@ -193,7 +193,7 @@ class AsyncLearner:
         q_t = target_q_values(self.target, self.cfg.algo, rollout)
         y = value_targets(self.cfg.algo, rollout.r_t, rollout.discount_t, rollout.end_t,
                           rollout.a_tm1, q_t, self.cfg.gamma, a_next)
-        q_tm1 = rollout_q_values(self.net, rollout)
+        q_tm1 = self.net(gradient_batch(rollout))
         self._health = float(q_tm1.detach().max(dim=-1).values.mean())
         td = td_error(q_tm1, torch.from_numpy(rollout.a_tm1.reshape(-1)), y.reshape(-1))
         return dqn_loss(td, self.cfg.loss, reduction="sum") / N
