@@ -86,6 +86,10 @@ class Config:
     lr_anneal: bool = _f(False, "anneal the learning rate linearly to 0 over total_frames (Mnih 2016)")
     lr_anneal_frames: int = _f(0, "with lr_anneal: global frames over which the learning rate "
                                "reaches 0; 0 = total_frames", lo=0)
+    lr_warmup_frames: int = _f(0, "global frames over which the learning rate rises linearly "
+                               "from 0 (then anneals, with lr_anneal); not in the papers: the "
+                               "first updates' large gradients move whole layers at once "
+                               "(docs/experiments/a3c-lstm-pong.md); 0 = no warm-up", lo=0)
     rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
     optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots (0 would divide "
                           "by 0 wherever a parameter had no gradient yet)", gt=0.0)

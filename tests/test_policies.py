@@ -44,6 +44,19 @@ def test_learning_rate_anneals_over_its_own_horizon():
     assert learning_rate(cfg.replace(lr_anneal=False), 999) == 0.01
 
 
+def test_learning_rate_warms_up_then_anneals():
+    from hpcrl.config import Config
+
+    cfg = Config(learning_rate=0.01, lr_warmup_frames=100)
+    assert learning_rate(cfg, 0) == 0.0
+    assert learning_rate(cfg, 25) == pytest.approx(0.0025)
+    assert learning_rate(cfg, 100) == 0.01
+    assert learning_rate(cfg, 5000) == 0.01
+    both = cfg.replace(lr_anneal=True, total_frames=1000)                # 0.01 * 0.95 * 0.5 at 50
+    assert learning_rate(both, 50) == pytest.approx(0.01 * (1 - 50 / 1000) * 0.5)
+    assert learning_rate(both, 400) == pytest.approx(0.01 * 0.6)
+
+
 def _frequencies(actions, num_actions):
     return np.bincount(actions, minlength=num_actions) / len(actions)
 

@@ -121,11 +121,18 @@ def learning_rate(cfg, global_frames: int) -> float:
     """The lr a client sends with a gradient (``cfg``: hpcrl.config.Config): ``learning_rate``,
     annealed by :func:`linear_lr` over ``lr_anneal_frames`` (0: ``total_frames``) when
     ``lr_anneal``. A horizon longer than the run keeps the rate from collapsing in a short run
-    (the paper anneals over 80 M agent steps whatever the budget of one experiment)."""
+    (the paper anneals over 80 M agent steps whatever the budget of one experiment).
+
+    With ``lr_warmup_frames`` (not in the papers) the rate is first multiplied by
+    ``min(1, global_frames / lr_warmup_frames)``: the first updates, whose gradients are the
+    largest of the run, then move the network by small steps.
+    """
+    lr = cfg.learning_rate
     if cfg.lr_anneal:
-        horizon = cfg.lr_anneal_frames or cfg.total_frames
-        return linear_lr(cfg.learning_rate, global_frames, horizon)
-    return cfg.learning_rate
+        lr = linear_lr(lr, global_frames, cfg.lr_anneal_frames or cfg.total_frames)
+    if cfg.lr_warmup_frames:
+        lr *= min(1.0, global_frames / cfg.lr_warmup_frames)
+    return lr
 
 
 class LossOutlierFilter:
