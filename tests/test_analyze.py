@@ -469,3 +469,43 @@ def test_a3c_lstm_runs_are_their_own_agent():
     assert agent_name({"algo": "a3c", "config": "lstm = false\n"}) == "a3c"
     assert agent_name({"algo": "a3c", "config": "not [toml"}) == "a3c"
     assert agent_name({"algo": "n_step_q", "config": "lstm = true\n"}) == "n_step_q"
+
+
+def test_band_means_by_hand():
+    from hpcrl.tools.scores import band_means
+
+    frames = np.array([100, 900, 1000, 1500, 2500, 9999])
+    values = np.array([1.0, 3.0, 5.0, np.nan, 7.0, 11.0])
+    # bands of 1,000 frames: [1, 3] | [5] (the NaN skipped) | [7, 11]: the last of 3 bands
+    # also takes frame 9,999
+    means, counts = band_means(frames, values, 1000, 3)
+    np.testing.assert_array_equal(means, [2.0, 5.0, 9.0])
+    np.testing.assert_array_equal(counts, [2, 1, 2])
+    means, counts = band_means(frames, values, 1000, 4)
+    np.testing.assert_array_equal(means, [2.0, 5.0, 7.0, 11.0])
+    means, counts = band_means(np.array([100, 2500]), np.array([1.0, 2.0]), 1000, 3)
+    assert means[0] == 1.0 and math.isnan(means[1]) and means[2] == 2.0
+    np.testing.assert_array_equal(counts, [1, 0, 1])
+    with pytest.raises(ValueError):
+        band_means(frames, values, 0, 3)
+
+
+def test_bands_on_the_command_line(tree, capsys):
+    code, out, _ = _cli(capsys, tree / "a3c" / "pong" / "seed-0", "--bands", "1e4")
+    assert code == 0
+    lines = out.splitlines()
+    # evaluation episode i (1..40) ends at frame 1,000 i: -21 for i <= 10, then 18; the train
+    # row at 50,000 frames makes the run 50 k frames long: 5 bands of 10 k, the last to 50 k
+    head = [line for line in lines if "k frames" in line][0]
+    assert head.endswith("| 0-10 | 10-20 | 20-30 | 30-40 | 40-50.00 |")
+    evaluation = [line for line in lines if line.startswith("| evaluation mean")][0]
+    # band 0: episodes 1-9 at -21; band 1: episode 10 at -21 and 11-19 at 18: 141 / 10
+    assert evaluation == ("| evaluation mean (episodes) | -21.00 (9) | 14.10 (10) | 18.00 (10) "
+                          "| 18.00 (10) | 18.00 (1) |")
+    assert [line for line in lines if line.startswith("| frames/s")][0] == (
+        "| frames/s | - | - | - | - | 10000 |")
+    assert not any(line.startswith("| training mean") or line.startswith("| dead units")
+                   for line in lines)  # no training episodes, no health columns written
+    with pytest.raises(SystemExit) as exc:
+        main([str(tree), "--bands", "0.5"])
+    assert exc.value.code == 2

@@ -11,7 +11,10 @@ one; until then the mean of the last N periodic evaluation episodes; training ep
 
 and the published per-game scores of the columns asked for with `--compare`. With `--atari5`
 it also estimates the 57-game median HNS from the five games of Atari-5 (Aitchison et al.
-2023; :mod:`hpcrl.tools.atari5`), for runs of only those games. The summary gives
+2023; :mod:`hpcrl.tools.atari5`), for runs of only those games. With `--bands FRAMES` it
+prints each run's curve in bands of FRAMES global frames (evaluation and training means,
+entropy or max Q, dead units, frames/s), the form the tables of `docs/experiments/` take;
+with `--milestones` when the mean of 20 episodes first reached given returns. The summary gives
 mean and median HNS over the games present and, for each compared column, the column's mean and
 median restricted to the same games: a 3-game run is never compared with a 57-game mean.
 
@@ -45,6 +48,7 @@ from hpcrl.tools.atari5 import WEIGHTS as ATARI_SUBSETS
 from hpcrl.tools.plots import X_AXES, _curve, learning_curve, plot_report, rolling_mean
 from hpcrl.tools.report import (
     aggregate_rows,
+    band_table,
     build_report,
     format_report,
     milestone_table,
@@ -118,11 +122,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="also print, per run, the frames and minutes until the mean return of 20 "
                         "episodes first reached each return R, e.g. --milestones=-15,0,10,18 for "
                         "Pong (with =, as the list starts with a minus)")
+    p.add_argument("--bands", type=float, default=0, metavar="FRAMES",
+                   help="also print, per run, its curve in bands of FRAMES global frames (e.g. "
+                        "1e6): mean evaluation and training return, entropy or max Q, dead "
+                        "units, frames/s")
     p.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_S, metavar="S",
                    help="report a running run as stale after S seconds without a heartbeat")
     args = p.parse_args(argv)
     if args.last < 1:
         p.error("--last must be >= 1")
+    if args.bands and (args.bands < 1 or args.bands != int(args.bands)):
+        p.error(f"--bands takes a whole number of frames >= 1, not {args.bands:g}")
+    args.bands = int(args.bands)
     if args.reps < 1:
         p.error("--reps must be >= 1")
     if args.atari5 is not None and args.atari5 not in ATARI_SUBSETS:
@@ -171,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write(format_report(report, args.format))
     if args.milestones:
         sys.stdout.write("\n" + milestone_table(runs, args.milestones) + "\n")
+    if args.bands:
+        for run in runs:
+            if run.status != "unreadable" and run.frames:
+                sys.stdout.write("\n" + band_table(run, args.bands) + "\n")
     if args.plot:
         for path in plot_report(report, runs, args.plot, args.x):
             print(f"hpcrl.analyze: wrote {path}", file=sys.stderr)

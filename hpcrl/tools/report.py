@@ -22,6 +22,7 @@ from hpcrl.tools.scores import (
     compare_with_column,
     hns,
     hns_summary,
+    band_means,
     milestones,
     published_hns,
     published_scores,
@@ -166,8 +167,8 @@ def build_report(runs: Sequence[RunResult], protocol: str, columns: Sequence[str
                  for c in columns],
         games=rows,
         summary=summary_rows([r for r in rows if r["num_scored"]], protocol, columns),
-        runs=[{f.name: getattr(r, f.name) for f in fields(r)
-               if not f.name.startswith("curve_") and f.name != "train"} for r in runs],
+        runs=[{f.name: getattr(r, f.name) for f in fields(r) if f.repr}  # not the arrays
+              for r in runs],
         num_readable=len(readable),
     )
 
@@ -302,6 +303,48 @@ def milestone_table(runs: Sequence[RunResult], thresholds: Sequence[float],
                          else f"{m['frames'] / 1e6:.2f} / {m['minutes']:.1f}")
         body.append([run.path, run.score_source or "-"] + cells)
     return _markdown_table(head, body)
+
+
+def band_table(run: RunResult, band_frames: int) -> str:
+    """Markdown: one run's learning curve in bands of ``band_frames`` global frames (columns):
+    the mean evaluation and training return with their episode counts, the train rows' mean
+    policy entropy (A3C) or max Q (value methods) and frames/s, and the worst layer's share of
+    dead units at the band's last train row. The last band runs to the run's last frame."""
+    num_bands = max(1, round(run.frames / band_frames))
+    scale = 1e6 if band_frames % 1_000_000 == 0 else 1e3
+    unit = "M" if scale == 1e6 else "k"
+    labels = [f"{b * band_frames / scale:g}-{(b + 1) * band_frames / scale:g}"
+              for b in range(num_bands)]
+    labels[-1] = f"{(num_bands - 1) * band_frames / scale:g}-{run.frames / scale:.2f}"
+
+    def episode_row(name: str, columns: dict) -> list[str] | None:
+        if not columns or not columns["frames"].size:
+            return None
+        means, counts = band_means(columns["frames"], columns["return"], band_frames, num_bands)
+        return [name] + [f"{m:.2f} ({n})" if n else "-" for m, n in zip(means, counts)]
+
+    def train_row(name: str, column: str, fmt: str, last: bool = False) -> list[str] | None:
+        train = run.train
+        if not train or column not in train or not np.isfinite(train[column]).any():
+            return None
+        if last:  # the band's last finite reading
+            band = np.minimum(train["frames"] // band_frames, num_bands - 1)
+            cells = []
+            for b in range(num_bands):
+                vals = train[column][(band == b) & np.isfinite(train[column])]
+                cells.append(format(vals[-1], fmt) if vals.size else "-")
+            return [name] + cells
+        means, counts = band_means(train["frames"], train[column], band_frames, num_bands)
+        return [name] + [format(m, fmt) if n else "-" for m, n in zip(means, counts)]
+
+    rows = [episode_row("evaluation mean (episodes)", run.eval_episodes),
+            episode_row("training mean (episodes)", run.train_episodes),
+            train_row("policy entropy, nats", "entropy", ".3f"),
+            train_row("max Q", "max_q", ".3f"),
+            train_row("dead units, worst layer (band end)", "dead_units", ".3f", last=True),
+            train_row("frames/s", "frames_per_second", ".0f")]
+    head = [f"{run.path}: {unit} frames"] + labels
+    return _markdown_table(head, [r for r in rows if r is not None])
 
 
 _LEFT_ALIGNED = {"game", "algo", "seeds", "status", "vs column", "column reference"}

@@ -62,6 +62,8 @@ class RunResult:
     curve_returns: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     curve_wall_s: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     train: dict = field(default_factory=dict, repr=False)  # the metrics' train columns
+    train_episodes: dict = field(default_factory=dict, repr=False)  # episodes columns
+    eval_episodes: dict = field(default_factory=dict, repr=False)  # eval columns
 
 
 def _identity_from_path(path: Path) -> tuple[str, str, int | None]:
@@ -126,6 +128,8 @@ def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
         curve_returns=episodes["return"],
         curve_wall_s=episodes["wall_time"],
         train=data["train"],
+        train_episodes=data["episodes"],
+        eval_episodes=data["eval"],
     )
 
 

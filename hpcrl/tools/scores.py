@@ -142,6 +142,32 @@ def milestones(frames: np.ndarray, returns: np.ndarray, wall_s: np.ndarray,
     return out
 
 
+def band_means(frames: np.ndarray, values: np.ndarray, band_frames: int,
+               num_bands: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of the values recorded in each band of ``band_frames`` global frames, and how many.
+
+    Band b holds the records with ``b * band_frames <= frames < (b + 1) * band_frames``; the
+    last of the ``num_bands`` bands also takes anything beyond (the run's final frames). A
+    learning curve read this way (the mean evaluation return per million frames, say) is how
+    `docs/experiments/` tabulates runs: it neither hides a late collapse, as a final score
+    does, nor depends on how many episodes ended between two log lines.
+
+    Returns:
+        (means, counts), each of length ``num_bands``; a band without records has mean NaN.
+    """
+    if band_frames < 1 or num_bands < 1:
+        raise ValueError(f"band_frames and num_bands must be >= 1 (got {band_frames}, "
+                         f"{num_bands})")
+    values = np.asarray(values, np.float64)
+    band = np.minimum(np.asarray(frames, np.int64) // band_frames, num_bands - 1)
+    finite = np.isfinite(values)
+    counts = np.bincount(band[finite], minlength=num_bands)
+    sums = np.bincount(band[finite], weights=values[finite], minlength=num_bands)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return means, counts
+
+
 def spread(values: Iterable[float]) -> dict[str, float]:
     """Mean, sample standard deviation (ddof=1; 0 for one value), min and max of the finite
     values, and their number. No finite value: all nan, n = 0."""
