@@ -223,7 +223,8 @@ def test_lstm_forget_bias_from_the_config_reaches_the_cell():
     bias = build_network(cfg, (4, 84, 84), 6).lstm.bias_ih.detach()
     assert torch.equal(bias[256:512], torch.full((256,), 2.0)) and not bias[:256].any()
     with pytest.raises(ConfigError, match="'lstm_forget_bias' applies with lstm_init"):
-        load_config(ROOT / "configs/a3c_lstm_pong.toml", ["lstm_forget_bias=0.0"])
+        load_config(ROOT / "configs/a3c_lstm_pong.toml",
+                    ["lstm_init=torch", "lstm_forget_bias=0.0"])
 
 
 def test_orthogonal_init_of_the_value_methods_network():
