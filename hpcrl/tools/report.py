@@ -16,6 +16,7 @@ from hpcrl.tools.runs import RunResult
 from hpcrl.tools.scores import (
     OUR_STARTS,
     PROTOCOLS,
+    band_index,
     band_means,
     column_protocol,
     column_starts,
@@ -328,7 +329,7 @@ def band_table(run: RunResult, band_frames: int) -> str:
         if not train or column not in train or not np.isfinite(train[column]).any():
             return None
         if last:  # the band's last finite reading
-            band = np.minimum(train["frames"] // band_frames, num_bands - 1)
+            band = band_index(train["frames"], band_frames, num_bands)
             cells = []
             for b in range(num_bands):
                 vals = train[column][(band == b) & np.isfinite(train[column])]

@@ -142,6 +142,12 @@ def milestones(frames: np.ndarray, returns: np.ndarray, wall_s: np.ndarray,
     return out
 
 
+def band_index(frames: np.ndarray, band_frames: int, num_bands: int) -> np.ndarray:
+    """Each record's band of ``band_frames`` global frames; the last of ``num_bands`` bands
+    also takes anything beyond (the run's final frames)."""
+    return np.minimum(np.asarray(frames, np.int64) // band_frames, num_bands - 1)
+
+
 def band_means(frames: np.ndarray, values: np.ndarray, band_frames: int,
                num_bands: int) -> tuple[np.ndarray, np.ndarray]:
     """Mean of the values recorded in each band of ``band_frames`` global frames, and how many.
@@ -159,7 +165,7 @@ def band_means(frames: np.ndarray, values: np.ndarray, band_frames: int,
         raise ValueError(f"band_frames and num_bands must be >= 1 (got {band_frames}, "
                          f"{num_bands})")
     values = np.asarray(values, np.float64)
-    band = np.minimum(np.asarray(frames, np.int64) // band_frames, num_bands - 1)
+    band = band_index(frames, band_frames, num_bands)
     finite = np.isfinite(values)
     counts = np.bincount(band[finite], minlength=num_bands)
     sums = np.bincount(band[finite], weights=values[finite], minlength=num_bands)
