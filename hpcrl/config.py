@@ -205,7 +205,7 @@ class Config:
                         "observations (not in the paper; as Stable-Baselines3's VecNormalize)")
     obs_norm_clip: float = _f(10.0, "with obs_norm: clip normalised observations to +-this many "
                               "standard deviations", lo=0.1)
-    reward_norm: bool = _f(False, "A3C on continuous actions: divide training rewards by the "
+    reward_norm: bool = _f(False, "A3C: divide training rewards by the "
                            "running standard deviation of the discounted return, clipped to "
                            "+-10 (not in the paper; as Stable-Baselines3's VecNormalize "
                            "norm_reward): values of order 1 whatever the task's reward scale")
@@ -384,15 +384,15 @@ def _cross_checks(cfg: Config, origin: str) -> None:
         raise ConfigError(f"{origin}: game '{cfg.game}' has continuous actions, which only algo "
                           f"'a3c' (a Gaussian policy) handles (got '{cfg.algo}')")
     gaussian = cfg.algo == "a3c" and _continuous(cfg.game)
-    for key, used, where in (("obs_norm", cfg.obs_norm, gaussian),
-                             ("reward_norm", cfg.reward_norm, gaussian),
-                             ("value_network", cfg.value_network != "shared",
-                              gaussian and not cfg.lstm)):
+    continuous_only = "algo 'a3c' on a continuous-control task"
+    for key, used, where, scope in (
+            ("obs_norm", cfg.obs_norm, gaussian, continuous_only),
+            ("reward_norm", cfg.reward_norm, cfg.algo == "a3c", "algo 'a3c'"),
+            ("value_network", cfg.value_network != "shared", gaussian and not cfg.lstm,
+             continuous_only + " without lstm")):
         if used and not where:
-            only = " without lstm" if key == "value_network" else ""
-            raise ConfigError(f"{origin}: key '{key}' applies to algo 'a3c' on a continuous-"
-                              f"control task{only} only (got '{cfg.algo}' on '{cfg.game}'); "
-                              f"remove it")
+            raise ConfigError(f"{origin}: key '{key}' applies to {scope} only (got "
+                              f"'{cfg.algo}' on '{cfg.game}'); remove it")
     if cfg.algo == "gorila" and cfg.replay_min_fill > cfg.replay_capacity:
         raise ConfigError(f"{origin}: key 'replay_min_fill' ({cfg.replay_min_fill}) must be <= "
                           f"replay_capacity ({cfg.replay_capacity})")

@@ -146,9 +146,17 @@ def test_reward_scaling_state_round_trip_continues_exactly():
         ReturnScaler(3, 0.9).set_state(a.get_state())
 
 
-def test_reward_norm_is_refused_outside_continuous_control(tmp_path):
-    with pytest.raises(ConfigError, match="reward_norm"):
-        _cfg(tmp_path, 'algo = "a3c"\ngame = "CartPole-v1"\nreward_norm = true\n')
+def test_reward_norm_is_a3c_only_and_obs_norm_continuous_control_only(tmp_path):
+    """reward_norm scales A3C's training rewards on any task (e.g. CartPole's returns of up to
+    100 at gamma 0.99 for an LSTM's bounded output); obs_norm stays with continuous control,
+    and neither goes with the value methods."""
+    cfg = _cfg(tmp_path, 'algo = "a3c"\ngame = "CartPole-v1"\nreward_norm = true\n')
+    assert cfg.reward_norm
+    with pytest.raises(ConfigError, match="key 'reward_norm' applies to algo 'a3c' only"):
+        _cfg(tmp_path, 'algo = "n_step_q"\ngame = "CartPole-v1"\nreward_norm = true\n')
+    with pytest.raises(ConfigError, match="key 'obs_norm' applies to algo 'a3c' on a "
+                                          "continuous-control task only"):
+        _cfg(tmp_path, 'algo = "a3c"\ngame = "CartPole-v1"\nobs_norm = true\n')
 
 
 def test_a_separate_value_network_shares_no_parameter_with_the_policy(tmp_path):
