@@ -56,8 +56,8 @@ def test_the_start_line():
     assert record_line(paper, load_config(paper), "pong").startswith(
         "note: gorila_paper.toml on pong is not validated yet: the paper's layout (130 ranks) "
         "has not been run to a result; its update rule is gorila_pong's")
-    assert record_line(None, load_config(default_job_path()), "breakout").startswith(
-        "note: the default job (gorila_pong.toml's recipe) on breakout has no learning record")
+    assert record_line(None, load_config(default_job_path()), "alien").startswith(
+        "note: the default job (gorila_pong.toml's recipe) on alien has no learning record")
     line = record_line(None, load_config(default_job_path(), ["seed=3", "n_step=1"]), "pong")
     assert line.startswith("note: the default job (gorila_pong.toml's recipe) on pong is not "
                            "validated yet: ") and line.endswith("this run changes n_step, for "
