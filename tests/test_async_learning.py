@@ -10,8 +10,8 @@ training returns far below 195. A3C is judged on its training episodes (it sampl
 
 A3C LSTM (``configs/a3c_lstm_cartpole.toml``) is here at the paper's gamma 0.99 with
 ``reward_norm``: 10 of 10 seeds reached the mark at 13-27 k agent steps, a tenth of the budget
-(docs/experiments/cartpole-learning-checks.md). Without ``reward_norm`` it did not learn at 0.99
-(0 of 3), and at gamma 0.95 it missed once in 3 batch runs of this file, so it was not a gate.
+(docs/experiments/cartpole-learning-checks.md); without ``reward_norm`` it does not learn at 0.99
+(0 of 3 seeds).
 """
 
 import numpy as np
