@@ -124,8 +124,26 @@ def test_analyze_atari5_on_a_run_tree(tmp_path, capsys):
     assert main([str(tmp_path), "--atari5", "--reps", "100"]) == 0
     text = capsys.readouterr().out
     assert "atari5 est. median57" in text and "missing qbert" in text
+    a3c_row = [line for line in text.splitlines() if line.startswith("a3c ")][-1]  # subset table
+    assert f"{100 * a3c['estimate']['value']:.1f}% [" in a3c_row     # 2 seeds a game: interval
     assert "Aitchison et al. 2023" in text
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path), "--atari5=atari7"])
     assert exc.value.code == 2
     assert "--atari5 takes one of atari5, atari3, atari10" in capsys.readouterr().err
+
+
+def test_analyze_atari5_with_one_seed_a_game_shows_no_interval(tmp_path, capsys):
+    """One seed per game: the bootstrap has nothing to resample, so the table gives the
+    estimate and says there is no interval rather than printing a point as one."""
+    hns_of = {"battle_zone": 0.0, "double_dunk": 1.455, "name_this_game": 0.415,
+              "phoenix": 0.686, "qbert": 0.079}
+    for game, value in hns_of.items():
+        _write_run(tmp_path, "a3c", game, 1, eval_returns=[_score(game, value)] * 30)
+    assert main([str(tmp_path), "--atari5", "--reps", "100"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("a3c ")][-1]
+    # by hand: 0.06791 log10(146.5) + 0.31080 log10(42.5) + 0.12413 log10(69.6)
+    #          + 0.08049 log10(8.9) = 0.95832 -> 10^0.95832 - 1 = 8.08 %
+    assert "8.1% (1 seed a game: no interval)" in row
+    assert "[" not in row
+

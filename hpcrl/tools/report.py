@@ -280,11 +280,18 @@ def subset_table(report: dict) -> tuple[list[str], list[list[str]]]:
     body = []
     for a in report["subset"]:
         est = a["estimate"]
-        est_text = (f"{_pct(est['value'])} [{_pct(est['low'])}, {_pct(est['high'])}]" if est
-                    else "missing " + ", ".join(a["missing"]))
+        est_text = _estimate_text(est) if est else "missing " + ", ".join(a["missing"])
         body.append([a["algo"]] + [_pct(a["hns"][g]) for g in games]
                     + [est_text, str(a["num_games"]), _pct(a["direct_median"])])
     return header, body
+
+
+def _estimate_text(est: dict) -> str:
+    """The estimate with its interval over seeds; with one seed a game there is nothing to
+    resample, and a point "interval" would read as a certain estimate."""
+    if max(est["seeds"].values()) < 2:
+        return f"{_pct(est['value'])} (1 seed a game: no interval)"
+    return f"{_pct(est['value'])} [{_pct(est['low'])}, {_pct(est['high'])}]"
 
 
 def milestone_table(runs: Sequence[RunResult], thresholds: Sequence[float],
