@@ -146,4 +146,3 @@ def test_analyze_atari5_with_one_seed_a_game_shows_no_interval(tmp_path, capsys)
     #          + 0.08049 log10(8.9) = 0.95832 -> 10^0.95832 - 1 = 8.08 %
     assert "8.1% (1 seed a game: no interval)" in row
     assert "[" not in row
-
