@@ -265,8 +265,8 @@ while True:
 
 def test_frozen_holder_is_taken_over_and_stops_when_continued(tmp_path):
     """Without locks, a holder stopped (SIGSTOP) past the stale bound is taken over by a new
-    job; continued, it finds the lease is no longer its own and stops with one line, writing
-    nothing more."""
+    job; continued, it finds the lease is no longer its own at its next check and stops with
+    one line, writing nothing more than the write it was already past its check for."""
     env = dict(os.environ, HPCRL_LEASE_NO_FLOCK="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     a = subprocess.Popen([sys.executable, "-c", _FROZEN, str(tmp_path), "1.0"], cwd=ROOT,
@@ -291,7 +291,9 @@ def test_frozen_holder_is_taken_over_and_stops_when_continued(tmp_path):
         a.send_signal(signal.SIGCONT)
         _, err = a.communicate(timeout=10)
         assert a.returncode == 4
-        assert (tmp_path / "writes").read_text() == writes    # nothing written after
+        # A write whose check passed before SIGSTOP may land after SIGCONT (the check-then-
+        # write window of one loop turn); nothing after the next check may.
+        assert int((tmp_path / "writes").read_text()) in (int(writes), int(writes) + 1)
         b.check()                                              # b still holds it
         assert read_lease(tmp_path)["token"] == b.me["token"]
         b.release()
