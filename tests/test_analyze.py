@@ -439,6 +439,22 @@ def test_curve_against_hours_uses_the_wall_time_of_the_same_episodes():
     assert analyze._curve(run, 2, "frames")[0].tolist() == [100, 200, 300]
 
 
+def test_episode_clock_restarted_by_a_resume_takes_the_train_rows_clock():
+    from hpcrl.tools.runs import episode_wall_s
+
+    # A resume at 200 frames (1,000 s) restarted the episodes' clock: 300 and 400 ended 50 and
+    # 500 s after it. The train rows kept the file's clock: 1,000 s at 200 frames, 2,000 s at
+    # 400, so 1,500 s at 300 by interpolation and 2,000 s at 400.
+    got = episode_wall_s(np.array([100, 200, 300, 400]), np.array([480.0, 1000.0, 50.0, 500.0]),
+                         np.array([0, 200, 400]), np.array([0.0, 1000.0, 2000.0]))
+    np.testing.assert_allclose(got, [500.0, 1000.0, 1500.0, 2000.0])
+    # A right clock is kept where it is later than the rows' (and without rows, as it is)
+    assert episode_wall_s(np.array([100]), np.array([520.0]), np.array([0, 200]),
+                          np.array([0.0, 1000.0])).tolist() == [520.0]
+    assert episode_wall_s(np.array([100]), np.array([3.0]), np.zeros(0),
+                          np.zeros(0)).tolist() == [3.0]
+
+
 def test_milestones_by_hand():
     # 25 episodes: 20 at -21, then -1, +19, +19, +19, +19. Window 4 for a short hand count:
     # windows ending at episode 21 (-21 x 3, -1): mean -16.0; at 22 (-21, -21, -1, 19): -6.0;

@@ -102,6 +102,13 @@ def test_sigterm_checkpoint_resume_exact(config, extra, tmp_path):
         keys = list(zip(eps["rank"].tolist(), eps["frames"].tolist()))
         assert len(keys) == len(set(keys))             # no duplicate after the rollback
     assert int(eps["frames"].max()) <= total
+    # The episodes' clock is summed over restarts, as the train rows' is: each rank's episodes
+    # end in frame order, so their wall times never go back (a clock restarted by the resume
+    # would: the first start ran for seconds before the signal).
+    for r in np.unique(eps["rank"]):
+        mine = eps["rank"] == r
+        wall = eps["wall_time"][mine][np.argsort(eps["frames"][mine], kind="stable")]
+        assert np.all(np.diff(wall) >= 0), (r, wall)
     if config == "a3c_mujoco":
         # InvertedPendulum-v5 pays 1 per step but 0 for the step the pole falls: reported
         # returns are the raw ones (reward_norm scales only what the learner sees)

@@ -239,6 +239,7 @@ class Reporter:
             self.heard[src] = time.monotonic()
             if tag == TAG_EPISODE:
                 row = dict(zip(EPISODE_FIELDS, self.buf))
+                row["wall_time"] += self.writer.wall_offset_s   # the worker's clock: this start
                 group = EPISODE_GROUPS[int(row["kind"])]
                 self.writer.append(group, **{k: row[k] for k in EPISODE_FIELDS[1:]})
                 if group == "episodes":

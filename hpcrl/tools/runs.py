@@ -103,6 +103,20 @@ def agent_name(attrs: dict) -> str:
     return algo
 
 
+def episode_wall_s(frames: np.ndarray, wall_s: np.ndarray, train_frames: np.ndarray,
+                   train_wall_s: np.ndarray) -> np.ndarray:
+    """Episodes' wall times summed over restarts, also in files whose episode clock restarted.
+
+    Files written before the episode rows took the file's clock restarted it at every resume
+    (the train rows always had it). Each episode gets the later of its own time and the train
+    rows' clock at its frame count (linear between the rows, a log interval apart), which is
+    its own time where that was right, to within the frame rate's change over one interval.
+    """
+    if not train_frames.size or not frames.size:
+        return wall_s
+    return np.maximum(wall_s, np.interp(frames, train_frames, train_wall_s))
+
+
 def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
                 stale_after_s: float) -> RunResult:
     attrs = data["attrs"]
@@ -126,7 +140,8 @@ def _run_result(path: Path, data: dict, last_n: int, now_unix: float,
         num_episodes_used=n_used,
         curve_frames=episodes["frames"],
         curve_returns=episodes["return"],
-        curve_wall_s=episodes["wall_time"],
+        curve_wall_s=episode_wall_s(episodes["frames"], episodes["wall_time"],
+                                    data["train"]["frames"], data["train"]["wall_time"]),
         train=data["train"],
         train_episodes=data["episodes"],
         eval_episodes=data["eval"],

@@ -193,6 +193,13 @@ class MetricsWriter:
 
     # -- public API --------------------------------------------------------------------------
 
+    @property
+    def wall_offset_s(self) -> float:
+        """The file's clock when this process opened it: 0 for a new run, else the latest
+        `wall_time` of the rows kept from earlier starts. Rows timed by another clock that
+        started with this process (the workers' episodes) add it to be summed over restarts."""
+        return self._wall_offset_s
+
     def wall_time_s(self) -> float:
         """Seconds since the run started, summed over restarts (continues the file's clock)."""
         return self._wall_offset_s + (time.monotonic() - self._wall_start)
