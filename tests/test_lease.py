@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -303,6 +304,61 @@ def test_frozen_holder_is_taken_over_and_stops_when_continued(tmp_path):
             a.kill()
             a.wait()
     assert err.count("no longer holds it") == 1, err
+
+
+def test_a_beat_in_flight_at_a_take_over_leaves_the_successors_lease(tmp_path, monkeypatch):
+    """Without locks, A's heartbeat thread stops (as under SIGSTOP) after its check that the
+    lease is its own and before its beat's write; B watches A's beat stand still and takes
+    over. When A's write lands, B still holds the lease (the beat goes to A's own file, never
+    over the lease file), and A finds at its next beat that it lost the lease."""
+    monkeypatch.setenv("HPCRL_LEASE_NO_FLOCK", "1")
+    a = RunDirLease.acquire(tmp_path, 0.5)                  # beats every 0.05 s
+    lost = []
+    a.on_lost = lambda: lost.append(a.lost)
+    paused, go = threading.Event(), threading.Event()
+    checked = a._taken_over
+
+    def check_then_freeze():
+        why = checked()
+        if why is None and not paused.is_set():
+            paused.set()
+            go.wait(30)
+        return why
+
+    a._taken_over = check_then_freeze
+    try:
+        assert paused.wait(5)
+        b = RunDirLease.acquire(tmp_path, 0.5, warn=lambda *_a, **_k: None)
+        assert read_lease(tmp_path)["token"] == b.me["token"]
+    finally:
+        go.set()
+    deadline = time.monotonic() + 5
+    while not lost:
+        assert time.monotonic() < deadline, "A did not notice the take-over"
+        time.sleep(0.02)
+    assert "taken over" in lost[0]
+    time.sleep(0.2)                                         # B beats a few times
+    b.check()                                               # B still holds it
+    assert read_lease(tmp_path)["token"] == b.me["token"]
+    assert read_lease(tmp_path)["beat"] >= 2
+    a.release()
+    assert read_lease(tmp_path)["token"] == b.me["token"]  # A's end leaves B's lease
+    b.release()
+    assert not list(tmp_path.glob(".hpcrl-lease*"))         # no beat file left, A's neither
+
+
+def test_beats_go_to_the_holders_own_file(tmp_path):
+    """The lease file stays as created; the beat file named by the token carries the beat."""
+    lease = RunDirLease.acquire(tmp_path, 0.5)
+    created = (tmp_path / LEASE_NAME).read_bytes()
+    time.sleep(0.3)
+    assert (tmp_path / LEASE_NAME).read_bytes() == created
+    beat = __import__("json").loads(
+        (tmp_path / f".hpcrl-lease.beat-{lease.me['token']}.json").read_text())
+    assert beat["token"] == lease.me["token"] and beat["beat"] >= 2
+    assert read_lease(tmp_path)["beat"] == beat["beat"]
+    lease.release()
+    assert not list(tmp_path.glob(".hpcrl-lease*"))
 
 
 def test_requeue_gets_through_while_the_old_lock_is_still_held(tmp_path, monkeypatch):

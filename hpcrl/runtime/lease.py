@@ -11,12 +11,15 @@ in the directory, in two layers, because cluster file systems differ:
   or missing (Lustre ``noflock``, NFSv3 ``nolock``) it guards one node only;
 * a lease file ``.hpcrl-lease.json`` that does not depend on locks. It is created atomically
   (a complete temporary file hard-linked to the name: ``link`` fails if the name exists, on
-  NFS too), names its holder (host, pid, SLURM job, array task and restart count) and carries
-  a random token and a beat counter that the holder increments every ``heartbeat_s``. Before
-  each beat, each checkpoint manifest, each prune and each metrics file replacement the holder
-  checks that the token in the file is still its own; if not (its lease was judged stale and
-  taken over, e.g. after it was frozen), it stops at once with one line, writing nothing
-  more.
+  NFS too) and names its holder (host, pid, SLURM job, array task and restart count) and a
+  random token. The holder never rewrites it: its beat counter, incremented every
+  ``heartbeat_s``, goes to a beat file of its own, ``.hpcrl-lease.beat-<token>.json``, which
+  :func:`read_lease` reads with it. So a holder frozen after it checked its lease and before
+  it wrote its beat, and taken over meanwhile, writes that beat into its own file when it
+  continues, not over its successor's lease. Before each beat, each checkpoint manifest, each
+  prune and each metrics file replacement the holder checks that the token in the lease file
+  is still its own; if not (its lease was judged stale and taken over, e.g. after it was
+  frozen), it stops at once with one line, writing nothing more.
 
 Whether a lease is stale is judged by watching it, never by comparing clocks across nodes: a
 holder is presumed dead when its beat counter did not change for ``stale_s`` of the watcher's
@@ -49,6 +52,8 @@ from hpcrl.runtime import hooks
 LOCK_NAME = ".hpcrl-lock"
 LEASE_NAME = ".hpcrl-lease.json"
 BREAK_PREFIX = ".hpcrl-lease.break-"
+#: The holder's beat file is BEAT_PREFIX + token + ".json" (only the holder writes it).
+BEAT_PREFIX = ".hpcrl-lease.beat-"
 #: A requeued incarnation takes over when its predecessor's beat stopped this many periods.
 REQUEUE_STOPPED_BEATS = 3
 #: The longest heartbeat period: a live holder is recognised within about this long.
@@ -224,9 +229,12 @@ class RunDirLease:
         return None
 
     def _renew(self) -> None:
+        """One beat, into this job's own beat file: the lease file, which a successor may
+        have taken over since the last check, is never rewritten."""
         self.me["beat"] += 1
         self.me["heartbeat"] = time.time()
-        _write_json(self.run_dir / LEASE_NAME, self.me)
+        _write_json(_beat_path(self.run_dir, self.me["token"]),
+                    {k: self.me[k] for k in ("token", "beat", "heartbeat")})
         self._last_ok = time.monotonic()
 
     def _beat(self) -> None:
@@ -263,16 +271,21 @@ class RunDirLease:
             self.on_lost()
 
     def release(self) -> None:
-        """End of the job: stop the heartbeat, remove the lease file if it is still this
-        job's, and the lock file while holding its lock (a waiter that locked the unlinked
-        file retries, see :func:`_open_locked`), then drop the lock."""
+        """End of the job: stop the heartbeat and remove this job's beat file; if the lease
+        is still this job's, remove every beat file (a predecessor's last in-flight beat
+        included) and the lease file; then the lock file while holding its lock (a waiter
+        that locked the unlinked file retries, see :func:`_open_locked`), and drop the lock.
+        A job that lost its lease leaves the lease file alone without reading it."""
         self._stop.set()
         self._thread.join()
+        _unlink(_beat_path(self.run_dir, self.me["token"]))
         try:
-            cur = read_lease(self.run_dir)
+            cur = None if self.lost else read_lease(self.run_dir)
         except OSError:
             cur = None
         if cur is not None and cur.get("token") == self.me["token"]:
+            for stray in self.run_dir.glob(BEAT_PREFIX + "*.json"):
+                _unlink(stray)
             _unlink(self.run_dir / LEASE_NAME)
         if self._lock == "held":
             _unlink(self.run_dir / LOCK_NAME)
@@ -336,7 +349,11 @@ def _break(run_dir: Path, old: dict, me: dict) -> bool:
         if cur is not None and _key(cur) != _key(old):
             return False
         _unlink(run_dir / LEASE_NAME)
-        return _create(run_dir, me)
+        if not _create(run_dir, me):
+            return False
+        if _token_ok(old.get("token")):
+            _unlink(_beat_path(run_dir, old["token"]))
+        return True
     finally:
         _unlink(marker)
 
@@ -427,8 +444,19 @@ def _try_lock(fd: int) -> str:
     return "held"
 
 
+def _token_ok(token) -> bool:
+    """Whether ``token`` (read from disk) is one :func:`identity` makes, safe in a file name."""
+    return isinstance(token, str) and 0 < len(token) <= 64 and \
+        all(c in "0123456789abcdef" for c in token)
+
+
+def _beat_path(run_dir: Path, token: str) -> Path:
+    return run_dir / f"{BEAT_PREFIX}{token}.json"
+
+
 def read_lease(run_dir: Path) -> dict | None:
-    """The lease file's holder (JSON, nothing executed); None only if there is no lease file.
+    """The lease file's holder (JSON, nothing executed) with its latest beat and heartbeat
+    from the holder's beat file where there is one; None only if there is no lease file.
     An unparsable file is ``{"corrupt": True, "digest": ...}`` (a holder judged by watching
     it). Any other error (ESTALE, EIO, EACCES) raises OSError: it says nothing about a
     holder."""
@@ -442,4 +470,11 @@ def read_lease(run_dir: Path) -> dict | None:
         data = None
     if not isinstance(data, dict):
         return {"corrupt": True, "digest": hashlib.sha256(raw).hexdigest()}
+    if _token_ok(data.get("token")):
+        try:
+            beat = json.loads(_beat_path(run_dir, data["token"]).read_bytes())
+        except (FileNotFoundError, ValueError):   # no beat yet, or an earlier version's lease
+            beat = None
+        if isinstance(beat, dict) and beat.get("token") == data["token"]:
+            data.update({k: beat[k] for k in ("beat", "heartbeat") if k in beat})
     return data
