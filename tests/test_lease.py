@@ -298,7 +298,7 @@ def test_frozen_holder_is_taken_over_and_stops_when_continued(tmp_path):
         b.check()                                              # b still holds it
         assert read_lease(tmp_path)["token"] == b.me["token"]
         b.release()
-        assert not (tmp_path / LEASE_NAME).exists()
+        assert not list(tmp_path.glob(".hpcrl-lease*"))       # A's beat file neither
     finally:
         if a.poll() is None:
             a.kill()
@@ -326,10 +326,12 @@ def test_a_beat_in_flight_at_a_take_over_leaves_the_successors_lease(tmp_path, m
         return why
 
     a._taken_over = check_then_freeze
+    a_beat = tmp_path / f".hpcrl-lease.beat-{a.me['token']}.json"
     try:
         assert paused.wait(5)
         b = RunDirLease.acquire(tmp_path, 0.5, warn=lambda *_a, **_k: None)
         assert read_lease(tmp_path)["token"] == b.me["token"]
+        assert not a_beat.exists()                          # removed by B's take-over
     finally:
         go.set()
     deadline = time.monotonic() + 5
@@ -341,10 +343,10 @@ def test_a_beat_in_flight_at_a_take_over_leaves_the_successors_lease(tmp_path, m
     b.check()                                               # B still holds it
     assert read_lease(tmp_path)["token"] == b.me["token"]
     assert read_lease(tmp_path)["beat"] >= 2
-    a.release()
-    assert read_lease(tmp_path)["token"] == b.me["token"]  # A's end leaves B's lease
-    b.release()
-    assert not list(tmp_path.glob(".hpcrl-lease*"))         # no beat file left, A's neither
+    assert a_beat.exists()                                  # A's in-flight beat landed there
+    b.release()                                             # sweeps A's stray beat file too
+    assert not list(tmp_path.glob(".hpcrl-lease*"))
+    a.release()                                             # a lost lease: nothing to remove
 
 
 def test_beats_go_to_the_holders_own_file(tmp_path):
@@ -418,6 +420,23 @@ def test_release_leaves_a_successors_lease(tmp_path):
         lease.check()
     lease.release()
     assert read_lease(tmp_path)["token"] == "successor"
+
+
+def test_a_lease_lost_to_a_read_error_is_still_removed_at_the_end(tmp_path, monkeypatch):
+    """A check that cannot read the lease file (ESTALE once) stops the job, but the file
+    still names it: its end removes it, so the next start need not wait for it to go stale."""
+    lease = RunDirLease.acquire(tmp_path, 300.0)
+    real = lease_mod.read_lease
+
+    def stale_handle(_run_dir):
+        raise OSError(116, "Stale file handle")
+
+    monkeypatch.setattr(lease_mod, "read_lease", stale_handle)
+    with pytest.raises(LeaseLost, match="cannot be read"):
+        lease.check()
+    monkeypatch.setattr(lease_mod, "read_lease", real)
+    lease.release()
+    assert not list(tmp_path.glob(".hpcrl-lease*"))
 
 
 def test_only_a_missing_lease_file_means_no_holder(tmp_path):

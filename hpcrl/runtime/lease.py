@@ -271,22 +271,23 @@ class RunDirLease:
             self.on_lost()
 
     def release(self) -> None:
-        """End of the job: stop the heartbeat and remove this job's beat file; if the lease
-        is still this job's, remove every beat file (a predecessor's last in-flight beat
-        included) and the lease file; then the lock file while holding its lock (a waiter
-        that locked the unlinked file retries, see :func:`_open_locked`), and drop the lock.
-        A job that lost its lease leaves the lease file alone without reading it."""
+        """End of the job: stop the heartbeat; if the lease file still names this job, remove
+        it and then every beat file (a predecessor's last in-flight beat and a beat killed
+        half-written included), else only this job's own beat file; then the lock file while
+        holding its lock (a waiter that locked the unlinked file retries, see
+        :func:`_open_locked`), and drop the lock. The beat file goes last, so that a job
+        frozen in here still looks alive to a watcher until its lease file is gone."""
         self._stop.set()
         self._thread.join()
-        _unlink(_beat_path(self.run_dir, self.me["token"]))
         try:
-            cur = None if self.lost else read_lease(self.run_dir)
+            cur = read_lease(self.run_dir)
         except OSError:
             cur = None
         if cur is not None and cur.get("token") == self.me["token"]:
-            for stray in self.run_dir.glob(BEAT_PREFIX + "*.json"):
-                _unlink(stray)
             _unlink(self.run_dir / LEASE_NAME)
+            for stray in self.run_dir.glob(BEAT_PREFIX + "*"):
+                _unlink(stray)
+        _unlink(_beat_path(self.run_dir, self.me["token"]))
         if self._lock == "held":
             _unlink(self.run_dir / LOCK_NAME)
         os.close(self._fd)
