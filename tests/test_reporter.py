@@ -1,7 +1,7 @@
 """Rank 0's pure rules: the early-stop rule, the progress text of the log line and the final
 evaluation's summary line, with numbers worked by hand."""
 
-from hpcrl.runtime.reporter import early_stop_reason, final_summary, progress_text
+from hpcrl.runtime.reporter import RecentRate, early_stop_reason, final_summary, progress_text
 
 
 def test_progress_text_by_hand():
@@ -109,3 +109,24 @@ def test_a_resume_continues_the_return_windows_from_the_kept_rows(tmp_path, caps
     assert early_stop_reason(rep.returns, rep.eval_returns, 18.0) == \
         "mean return of the last 20 evaluation episodes 18.5 >= 18.0"
     capsys.readouterr()
+
+
+def test_the_time_left_follows_the_recent_rate_not_the_starts_average():
+    # a Gorila-like start: 400 k frames of replay fill in the first 50 s (8,000 frames/s),
+    # then 2,000 frames/s; log lines every 50 s, a window of 300 s
+    rate = RecentRate(t0=100.0, frames0=1_000_000, window_s=300.0)
+    assert rate.update(150.0, 1_400_000) == (400_000, 50.0)       # younger than the window
+    frames = 1_400_000
+    for now in range(200, 401, 50):                                # 200 .. 400: 5 lines
+        frames += 100_000
+        got = rate.update(float(now), frames)
+    # at t = 400 the newest sample at least 300 s old is the start's (t = 100)
+    assert got == (frames - 1_000_000, 300.0) and frames == 1_900_000
+    frames += 100_000
+    # at t = 450 the newest sample at least 300 s old is t = 150's: only the 2,000 frames/s
+    assert rate.update(450.0, frames) == (600_000, 300.0)
+    assert [t for t, _ in rate.samples] == [150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 450.0]
+    # 10 M of 12 M frames to go at 2,000 frames/s: 5,000 s = 1:23:20, where the start's
+    # average (1,000,000 frames in 350 s: 2,857 frames/s) would say 3,500 s = 0:58:20
+    assert progress_text(2_000_000, 12_000_000, 600_000, 300.0).endswith("1:23:20 left")
+    assert progress_text(2_000_000, 12_000_000, 1_000_000, 350.0).endswith("0:58:20 left")

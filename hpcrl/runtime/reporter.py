@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.topology import Layout
 
 EARLY_STOP_WINDOW = 20       # episodes averaged by the early-stop rule
+RATE_WINDOW_S = 300.0        # the time left is estimated at the rate of about the last 5 min
 #: The train row's counters that say whether a row would repeat the last one.
 ROW_KEY = ("frames", "updates", "dropped_stale", "dropped_outlier", "dropped_nonfinite")
 
@@ -141,14 +143,42 @@ class CollapseWatch:
         return None
 
 
-def progress_text(frames: int, total_frames: int, frames_since_start: int,
-                  seconds_since_start: float) -> str:
-    """The share of the frame budget done and the time left at this start's average rate,
-    as "37.5% of 24,000,000, 1:02:03 left" (tqdm-style; "?" before any frame)."""
+class RecentRate:
+    """Frames and seconds over about the last ``window_s`` seconds of log lines, for the time
+    left.
+
+    A start's average rate is the wrong one for a job whose speed changes: a Gorila job fills
+    its replay memories before its learners begin, at about 3x the frames/s it keeps once they
+    do: at 0.66 M frames of a 12 M-frame Pong job, the average since the start gave 0:42:47
+    left while the job ran 2,611 frames/s, 72 min's worth. So, as tqdm smooths its rate, the
+    estimate uses a recent window: the oldest sample kept is the newest one at least
+    ``window_s`` old, so the window spans ``window_s`` or more once the start is that old (and
+    covers the periodic evaluations, which pause acting for tens of seconds every few
+    minutes).
+    """
+
+    def __init__(self, t0: float, frames0: int, window_s: float = RATE_WINDOW_S):
+        self.window_s = window_s
+        self.samples: deque[tuple[float, int]] = deque([(t0, frames0)])
+
+    def update(self, now: float, frames: int) -> tuple[int, float]:
+        """Add a sample; return (frames, seconds) over the window ending at it."""
+        self.samples.append((now, frames))
+        while len(self.samples) > 2 and self.samples[1][0] <= now - self.window_s:
+            self.samples.popleft()
+        t_old, f_old = self.samples[0]
+        return frames - f_old, now - t_old
+
+
+def progress_text(frames: int, total_frames: int, frames_in_window: int,
+                  seconds_in_window: float) -> str:
+    """The share of the frame budget done and the time left at the rate of a recent window
+    (:class:`RecentRate`), as "37.5% of 24,000,000, 1:02:03 left" (tqdm-style; "?" before
+    any frame)."""
     done = min(frames / total_frames, 1.0)
-    if frames_since_start <= 0 or seconds_since_start <= 0:
+    if frames_in_window <= 0 or seconds_in_window <= 0:
         return f"{100 * done:.1f}% of {total_frames:,}, ? left"
-    left_s = int(max(total_frames - frames, 0) * seconds_since_start / frames_since_start)
+    left_s = int(max(total_frames - frames, 0) * seconds_in_window / frames_in_window)
     return (f"{100 * done:.1f}% of {total_frames:,}, "
             f"{left_s // 3600}:{left_s // 60 % 60:02d}:{left_s % 60:02d} left")
 
@@ -215,6 +245,7 @@ class Reporter:
         self.episodes = 0
         self.t0 = time.monotonic()
         self.last_report = (self.t0, self.resume_frames)
+        self.recent = RecentRate(self.t0, self.resume_frames)
         if resume:
             self.episodes = self.writer.rows("episodes")
         self.buf = np.zeros(ROW_FLOATS)
@@ -304,7 +335,7 @@ class Reporter:
                 f"{c['dropped_stale']} outlier {int(s['dropped_outlier'])} nonfinite "
                 f"{c['dropped_nonfinite'] + int(s['dropped_nonfinite'])}")
         progress = progress_text(c["frames"], self.cfg.total_frames,
-                                 c["frames"] - self.resume_frames, now - self.t0)
+                                 *self.recent.update(now, c["frames"]))
         if self.tty:
             done = min(c["frames"] / self.cfg.total_frames, 1.0)
             bar = "#" * int(30 * done) + "." * (30 - int(30 * done))
