@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpcrl.runtime import early_signals
 
     early_signals.install()           # before any heavy import: SLURM may signal during start-up
+    parent = os.getppid()             # the launcher's local process (launcher_watch)
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.dry_run:
@@ -173,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    if size > 1:
+        from hpcrl.runtime import launcher_watch
+
+        launcher_watch.start(parent, rank)
     ntasks = os.environ.get("SLURM_NTASKS")
     # The failure this catches: an MPI that does not see the allocation starts every task as a
     # singleton (world size 1 < SLURM_NTASKS). mpiexec inside sbatch runs its proxies through

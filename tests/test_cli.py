@@ -206,6 +206,48 @@ def test_a_frozen_parameter_server_is_named_by_its_clients(tmp_path):
     assert wall < 10 + 10 + 8                          # watchdog_s + the grace, + start of abort
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.mpi
+def test_ranks_end_within_seconds_when_their_launcher_is_killed(tmp_path):
+    """The ranks' parent (hydra's proxy, Open MPI's prterun) is SIGKILLed mid-run: nothing is
+    left to kill them, yet every rank is gone within 10 s, not running its 1e8-frame budget."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcrl.run", "--config",
+           "configs/a3c_cartpole.toml", "--set", f"run_dir={tmp_path}/r", "--set",
+           "total_frames=100000000", "--set", "log_every_s=0.5"]
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    ranks = []
+    try:
+        wait_until_reported(job, tmp_path / "r")
+        ranks = [rank_pid(job.pid, r) for r in range(3)]
+        launchers = {int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                     for p in ranks}
+        assert len(launchers) == 1 and job.pid not in ranks
+        os.kill(launchers.pop(), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not all(_gone(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        alive = [p for p in ranks if not _gone(p)]
+    finally:
+        signal_tree(job.pid, signal.SIGKILL)
+        for p in ranks:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        job.wait()
+    assert not alive, f"ranks still running 10 s after their launcher was killed: {alive}"
+
+
 @pytest.mark.mpi
 def test_checkpoint_on_demand_through_a_request_file(tmp_path):
     """`touch <run_dir>/checkpoint.request` writes a generation within seconds; the run goes on."""
