@@ -7,9 +7,9 @@ Each round starts ``mpiexec -n NP python -m hpcrl.run`` in its own process group
 checkpoint every ~1 s, waits a random 6-20 s (start-up, stepping, checkpoint writes alike) and
 kills the launcher and every process under it with SIGKILL at once (hydra's proxy and Open
 MPI's prterun put the ranks in process groups of their own, so the launcher's group alone
-would leave the ranks to a launcher that can no longer clean up). After every kill it checks that every generation with a
-manifest is intact (no unreadable checkpoint file) and that the newest complete generation never
-moves backwards in frames; after every restart that got as far as deciding, that the job resumed
+would leave the ranks to a launcher that can no longer clean up). After every kill it checks
+that every generation with a manifest is intact (no unreadable checkpoint file) and that the
+newest complete generation never moves backwards in frames; after every restart that got as far as deciding, that the job resumed
 from the newest complete generation. Finally the job runs to its budget: it must exit 0, resume
 from the newest generation, and leave metrics.h5 finished and holding every episode exactly once. Prints one line per round and a summary; exit status 0 when
 every check held.
