@@ -9,10 +9,11 @@ kills the launcher and every process under it with SIGKILL at once (hydra's prox
 MPI's prterun put the ranks in process groups of their own, so the launcher's group alone
 would leave the ranks to a launcher that can no longer clean up). After every kill it checks
 that every generation with a manifest is intact (no unreadable checkpoint file) and that the
-newest complete generation never moves backwards in frames; after every restart that got as far as deciding, that the job resumed
-from the newest complete generation. Finally the job runs to its budget: it must exit 0, resume
-from the newest generation, and leave metrics.h5 finished and holding every episode exactly once. Prints one line per round and a summary; exit status 0 when
-every check held.
+newest complete generation never moves backwards in frames; after every restart that got as
+far as deciding, that the job resumed from the newest complete generation. Finally the job runs
+to its budget: it must exit 0, resume from the newest generation, and leave metrics.h5 finished
+and holding every episode exactly once. Prints one line per round and a summary; exit status 0
+when every check held.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpcrl.io import checkpoint as ck  # noqa: E402
 from hpcrl.io.metrics import read_metrics  # noqa: E402
+from tests.util import signal_tree  # noqa: E402
 
 
 def mpiexec() -> str:
@@ -48,33 +50,6 @@ def start(args, log: Path) -> subprocess.Popen:
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def job_tree(pid: int) -> list[int]:
-    """pid and all its descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def kill_job(pid: int) -> None:
-    """SIGKILL the launcher ``pid`` and its whole tree, read before the first kill (a killed
-    launcher's ranks get a new parent)."""
-    for p in job_tree(pid):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def newest(root: Path) -> tuple[int, int]:
@@ -143,7 +118,7 @@ def main(argv=None) -> int:
         job = start(args, log)
         wait = rng.uniform(args.min_s, args.max_s)
         time.sleep(wait)
-        kill_job(job.pid)
+        signal_tree(job.pid, signal.SIGKILL)   # the tree, read before the first kill
         job.wait()
         time.sleep(0.5)                                # let the ranks die
         text = log.read_text()

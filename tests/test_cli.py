@@ -206,10 +206,15 @@ def test_a_frozen_parameter_server_is_named_by_its_clients(tmp_path):
     assert wall < 10 + 10 + 8                          # watchdog_s + the grace, + start of abort
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` has exited (a zombie nobody reaped counts as gone)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        return _stat(pid)[0] == "Z"
     except OSError:
         return True
 
@@ -229,8 +234,7 @@ def test_ranks_end_within_seconds_when_their_launcher_is_killed(tmp_path):
     try:
         wait_until_reported(job, tmp_path / "r")
         ranks = [rank_pid(job.pid, r) for r in range(3)]
-        launchers = {int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                     for p in ranks}
+        launchers = {int(_stat(p)[1]) for p in ranks}
         assert len(launchers) == 1 and job.pid not in ranks
         os.kill(launchers.pop(), signal.SIGKILL)
         deadline = time.monotonic() + 10

@@ -30,11 +30,6 @@ from hpcrl.runtime.exits import EXIT_FAILURE
 PERIOD_S = 1.0
 
 
-def launcher_gone(parent: int, getppid=os.getppid) -> bool:
-    """Whether the process that was this rank's parent (``parent``) is no longer it."""
-    return getppid() != parent
-
-
 def start(parent: int, rank: int, period_s: float = PERIOD_S) -> threading.Thread | None:
     """Watch ``parent`` (this rank's parent pid, read at start-up) from a daemon thread.
 
@@ -50,7 +45,7 @@ def start(parent: int, rank: int, period_s: float = PERIOD_S) -> threading.Threa
 
 
 def _watch(parent: int, rank: int, period_s: float) -> None:
-    while not launcher_gone(parent):
+    while os.getppid() == parent:          # a dead parent's children get a new one
         time.sleep(period_s)
     try:
         sys.stderr.write(f"hpcrl: rank {rank} on host {socket.gethostname()}: its launcher "
