@@ -252,6 +252,11 @@ class Config:
                                       "generation; a generation that would not fit is not "
                                       "started (it counts as a failed one)")
     watchdog_s: float = _f(300.0, "abort the job if a rank makes no progress for this long", lo=1.0)
+    memory_guard_gb: float = _f(4.0, "abort the job when a rank's anonymous resident memory "
+                                "exceeds its pre-flight estimate (replay, process, windows) by "
+                                "this many GB, naming the rank and where it is: a rank that "
+                                "grows without bound drives its node into swap, where the job "
+                                "crawls on and no watchdog fires; 0 = off", lo=0.0)
     checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
                                         "ranks) a checkpoint generation may take before it "
                                         "counts as hung: a generation has watchdog_s + its "

@@ -144,6 +144,29 @@ def test_watchdog_reports_a_hung_rank_and_ends_the_job(hang_rank, role, tmp_path
 
 
 @pytest.mark.mpi
+def test_memory_guard_names_a_rank_whose_memory_runs_away_and_ends_the_job(tmp_path):
+    """Rank 3 takes 1.5 GB after start-up (HPCRL_GROW_RANK) and keeps making progress, as a
+    leaking rank does while its node swaps: its watchdog thread sees its memory over the
+    pre-flight estimate + memory_guard_gb, names it with the array that holds the memory, and
+    the job ends within seconds. A run of the same job without the growth finishes under the
+    same tight bound (the estimate covers a real rank)."""
+    sets = ["--set", "memory_guard_gb=0.5", "--set", "final_eval_episodes=0"]
+    proc, wall = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                             "--set", f"run_dir={tmp_path}/r", "--set", "total_frames=10000000",
+                             *sets], env={"HPCRL_GROW_RANK": "3:1.5"}, timeout=90)
+    assert proc.returncode != 0
+    first = [line for line in proc.stderr.splitlines() if "hpcrl: memory guard:" in line][0]
+    assert "rank 3 (actor-learner)" in first and "over its bound of" in first
+    assert "ndarray uint8 (1500000000,)" in proc.stderr       # the largest array it holds
+    assert wall < 40
+    proc, _ = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                          "--set", f"run_dir={tmp_path}/ok", "--set", "total_frames=20000",
+                          *sets], timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "memory guard" not in proc.stderr
+
+
+@pytest.mark.mpi
 def test_a_frozen_rank_during_a_checkpoint_is_named(tmp_path):
     """Rank 2 (an actor-learner) is stopped, then rank 0 is asked for a checkpoint (SIGUSR2):
     rank 0 names rank 2, not the ranks that wait for it, and the job ends within watchdog_s."""

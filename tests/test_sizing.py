@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hpcrl.config import load_config
@@ -104,3 +105,13 @@ def test_a_job_whose_checkpoints_cannot_fit_the_disk_is_refused(tmp_path):
     assert proc.returncode == 2 and wall < 60, proc.stderr
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcrl: error:")][0]
     assert f"(checkpoint_keep {keep} + 1 generations x 3.00 GB)" in line, line
+
+
+def test_anonymous_resident_memory_and_largest_buffers_see_a_new_array():
+    from hpcrl.runtime.watchdog import anonymous_resident_bytes, largest_buffers
+
+    before = anonymous_resident_bytes()
+    held = np.ones(300_000_000, dtype=np.uint8)            # touched, so resident
+    after = anonymous_resident_bytes()
+    assert 0.95 * held.nbytes < after - before < 1.2 * held.nbytes
+    assert largest_buffers(1) == [(3e8, "ndarray uint8 (300000000,)")]

@@ -6,6 +6,8 @@ honour them carry one call each and no variable names:
 =============================  ===========================================================
 ``HPCRL_FAULT_RANK=r``         rank r raises right after start-up (the job-abort path)
 ``HPCRL_HANG_RANK=r``          rank r stops making progress after start-up (the watchdog)
+``HPCRL_GROW_RANK=r:gb``       rank r takes gb GB more memory after start-up and keeps it
+                               (the memory guard)
 ``HPCRL_CKPT_FAIL_RANK=r``     rank r's checkpoint file writes fail with "no space left"
 ``HPCRL_CKPT_DELAY=r:s``       rank r takes s seconds longer to write its first checkpoint
                                file (``r:stop``: it stops itself there)
@@ -44,6 +46,15 @@ def after_startup(rank: int) -> None:
         raise RuntimeError(f"injected fault on rank {rank}")
     if _rank_is("HPCRL_HANG_RANK", rank):
         time.sleep(1e9)
+    who, _, gb = os.environ.get("HPCRL_GROW_RANK", "").partition(":")
+    if who == str(rank) and gb:
+        import numpy as np
+
+        _ballast.append(np.ones(int(float(gb) * 1e9), dtype=np.uint8))   # touched: resident
+
+
+#: What ``HPCRL_GROW_RANK`` holds on to.
+_ballast: list = []
 
 
 def before_final_evaluation(rank: int) -> None:

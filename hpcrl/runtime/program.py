@@ -84,34 +84,39 @@ def initial_network(cfg: Config) -> tuple[np.ndarray, list[int], list[str]]:
 
 
 def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int,
-              memory_available: float | None = None) -> tuple[list[str] | None, float]:
+              memory_available: float | None = None
+              ) -> tuple[list[str] | None, float, float]:
     """Collective. Rank 0 prints the memory each node and the disk the checkpoints need
     (:mod:`hpcrl.runtime.sizing`) and, with ``cfg.preflight``, refuses a job that does not
     fit: the same one-line ConfigError on every rank. Returns every rank's host on rank 0 (None
-    elsewhere) and, on every rank, the bytes of one checkpoint generation.
+    elsewhere) and, on every rank, the bytes of one checkpoint generation and the memory this
+    rank is estimated to need (the memory guard's base).
 
     ``memory_available``: this node's free memory as measured before the rank imported torch
     (the sizing counts torch's share of each client itself); measured now if None."""
     free = sizing.memory_available() if memory_available is None else memory_available
     mine = (socket.gethostname(), free)
     gathered = comm.gather(mine, root=0)
-    error, hosts, generation_bytes = None, None, 0.0
+    error, hosts, generation_bytes, rank_bytes = None, None, 0.0, None
     if comm.Get_rank() == 0:
         from hpcrl.envs import env_spec
 
         hosts = [h for h, _ in gathered]
-        totals = sizing.summary(cfg, layout, env_spec(cfg)[0], n_params, hosts)
+        obs_shape = env_spec(cfg)[0]
+        totals = sizing.summary(cfg, layout, obs_shape, n_params, hosts)
         generation_bytes = float(totals["generation_bytes"])
+        rank_bytes = [n.memory_total for n in sizing.rank_needs(cfg, layout, obs_shape, n_params)]
         for line in sizing.describe(totals):
             print(f"[hpcrl] {line}", flush=True)
         if cfg.preflight:
             quota = quota_headroom(run_dir) if cfg.checkpoint_quota_check else None
             error = sizing.check(cfg, totals, run_dir, dict(gathered),
                                  sizing.free_disk_bytes(run_dir, quota))
-    error, generation_bytes = comm.bcast((error, generation_bytes), root=0)
+    error, generation_bytes, rank_bytes = comm.bcast((error, generation_bytes, rank_bytes),
+                                                     root=0)
     if error:
         raise ConfigError(error)
-    return hosts, generation_bytes
+    return hosts, generation_bytes, rank_bytes[comm.Get_rank()]
 
 
 def count_params(cfg: Config) -> int:
@@ -177,7 +182,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     check_metrics(comm, run_dir, found, reset_metrics)
     if rank == 0:
         announce_start(found, layout)
-    hosts, generation_bytes = preflight(comm, cfg, layout, run_dir, n_params, memory_free)
+    hosts, generation_bytes, memory_need = preflight(comm, cfg, layout, run_dir, n_params,
+                                                     memory_free)
     origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
               if rank == 0 else None)
     if rank == 0:
@@ -209,7 +215,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
                   manifest["frames"] if manifest else None, opt, hosts, origin,
                   tuple(zip(tensor_names, tensor_sizes)))
-    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: abort_job(comm, EXIT_FAILURE))
+    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: abort_job(comm, EXIT_FAILURE),
+                   memory_need + cfg.memory_guard_gb * sizing.GB if cfg.memory_guard_gb else None)
     hooks.after_startup(rank)
     if role == Role.PS:
         run_ps(ctx)

@@ -5,16 +5,24 @@ Every role's loop calls :meth:`Watchdog.beat` once per iteration (through
 beat; past ``timeout_s`` it prints the rank, role, host and the main thread's stack (where it is
 stuck: a deadlock, an MPI call waiting for a dead node, an endless loop) and calls
 ``COMM_WORLD.Abort``, so the job ends instead of holding its allocation until the time limit.
+
+The same thread bounds the rank's memory (``memory_bound``, from the pre-flight estimate plus
+``memory_guard_gb``). A rank whose memory runs away does not stop beating: the node swaps and
+every rank on it crawls on at a few frames a second, for hours, with no error anywhere. Past
+the bound the rank reports its anonymous resident memory, the largest arrays and tensors it
+holds and the main thread's stack, and aborts the job the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import socket
 import sys
 import threading
 import time
 import traceback
+import warnings
 
 
 #: This rank's watchdog (set by :func:`start`); :func:`beat` is a no-op without one.
@@ -42,15 +50,74 @@ def allow(seconds: float):
         CURRENT.last, CURRENT.grace_s = time.monotonic(), 0.0
 
 
-def start(timeout_s: float, rank: int, role: str, abort) -> "Watchdog":
+def start(timeout_s: float, rank: int, role: str, abort,
+          memory_bound: float | None = None) -> "Watchdog":
+    """Watch this rank: progress (``timeout_s``) and, unless None, its memory (bytes)."""
     global CURRENT
-    CURRENT = Watchdog(timeout_s, rank, role, abort)
+    CURRENT = Watchdog(timeout_s, rank, role, abort, memory_bound)
     return CURRENT
 
 
+def anonymous_resident_bytes() -> float | None:
+    """This process's anonymous resident memory (``RssAnon``: heap, arrays, tensors; not its
+    mapped files or the MPI windows it shares with other ranks), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def largest_buffers(n: int = 5) -> list[tuple[float, str]]:
+    """The ``n`` largest numpy arrays and torch tensors reachable by the garbage collector, as
+    (bytes, description): where a runaway rank's memory went, when it is held by Python."""
+    found, seen = [], set()
+    with warnings.catch_warnings():         # deprecated module attributes warn when touched
+        warnings.simplefilter("ignore")
+        for obj in _reachable():
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                found.extend(_describe(obj))
+    return sorted(found, key=lambda t: -t[0])[:n]
+
+
+def _describe(obj) -> list[tuple[float, str]]:
+    """``[(bytes, description)]`` for a numpy array or torch tensor, else ``[]``."""
+    kind = type(obj).__name__
+    try:
+        if kind == "ndarray":
+            return [(float(obj.nbytes), f"ndarray {obj.dtype} {obj.shape}")]
+        if kind in ("Tensor", "Parameter"):
+            return [(float(obj.untyped_storage().nbytes()),
+                     f"{kind} {obj.dtype} {tuple(obj.shape)}")]
+    except Exception:  # noqa: BLE001 - a half-built or foreign object: skip it
+        pass
+    return []
+
+
+def _reachable():
+    """Objects tracked by the collector, what they hold, and the locals of every thread's
+    stack: numpy arrays, and the dicts and tuples that hold only arrays, are not tracked."""
+    for holder in gc.get_objects():
+        yield holder
+        for held in gc.get_referents(holder):
+            yield held
+            if isinstance(held, (dict, list, tuple)) and not gc.is_tracked(held):
+                yield from (held.values() if isinstance(held, dict) else held)
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            yield from list(frame.f_locals.values())
+            frame = frame.f_back
+
+
 class Watchdog:
-    def __init__(self, timeout_s: float, rank: int, role: str, abort):
+    def __init__(self, timeout_s: float, rank: int, role: str, abort,
+                 memory_bound: float | None = None):
         self.timeout_s, self.rank, self.role, self.abort = timeout_s, rank, role, abort
+        self.memory_bound = memory_bound
         self.last = time.monotonic()
         self.grace_s = 0.0                  # a longer bound while inside :func:`allow`
         self._main = threading.main_thread().ident
@@ -69,10 +136,30 @@ class Watchdog:
                 self._report(idle)
                 self.abort()           # hpcrl.runtime.exits.abort_job: a grace, then Abort
                 return
+            held = anonymous_resident_bytes() if self.memory_bound else None
+            if held is not None and held > self.memory_bound:
+                self._report_memory(held)
+                self.abort()
+                return
+
+    def _stack(self) -> str:
+        frame = sys._current_frames().get(self._main)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
+
+    def _report_memory(self, held: float) -> None:
+        largest = ("".join(f"  {b / 1e9:.2f} GB  {what}\n" for b, what in largest_buffers())
+                   or "  (none found)\n")
+        sys.stderr.write(f"hpcrl: memory guard: rank {self.rank} ({self.role}) on host "
+                         f"{socket.gethostname()} holds {held / 1e9:.2f} GB of anonymous "
+                         f"memory, over its bound of {self.memory_bound / 1e9:.2f} GB (its "
+                         "pre-flight estimate + memory_guard_gb); aborting the job before its "
+                         "node swaps (--set memory_guard_gb=N raises the bound, 0 turns it "
+                         f"off). Largest arrays and tensors:\n{largest}"
+                         f"Main thread here:\n{self._stack()}")
+        sys.stderr.flush()
 
     def _report(self, idle: float) -> None:
-        frame = sys._current_frames().get(self._main)
-        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
+        stack = self._stack()
         sys.stderr.write(f"hpcrl: watchdog: rank {self.rank} ({self.role}) on host "
                          f"{socket.gethostname()} made no progress for {idle:.0f} s "
                          f"(watchdog_s = {self.timeout_s:g}"
