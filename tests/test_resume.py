@@ -212,3 +212,43 @@ def test_a_signal_stop_whose_checkpoint_fails_is_not_requeued(tmp_path):
             "device (injected)); the job was stopping: the run stops as failed") in out
     assert read_metrics(run_dir / "metrics.h5")["status"] == "failed"
     assert ck.latest_complete(run_dir / "checkpoints") is None
+
+
+def anonymous_bytes(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("RssAnon:"):
+            return float(line.split()[1]) * 1024
+    raise LookupError(pid)
+
+
+def test_a_resumed_bundle_holds_its_replay_once(tmp_path):
+    """A Gorila bundle resumed from a checkpoint with a replay of ~25 k Pong transitions
+    (~180 MB) holds about the anonymous memory it held before the signal: the replay read
+    from the checkpoint is dropped once copied into the live memory (kept, it would add its
+    whole size for the rest of the run: 7 GB for a bundle of 1 M transitions)."""
+    from tests.util import rank_pid
+
+    run_dir = tmp_path / "run"
+    common = ["--config", "configs/gorila_pong.toml", "--set", f"run_dir={run_dir}",
+              "--set", "replay_capacity=60000", "--set", "replay_min_fill=60000",  # act only
+              "--set", "total_frames=10000000", "--set", "log_every_s=0.5",
+              "--set", "eval_every_frames=0", "--set", "final_eval_episodes=0"]
+    held = []
+    for start in (1, 2):
+        proc = launch(common, n=2)
+        try:
+            floor = 100_000 if start == 1 else frames_at_signal + 1
+            deadline = time.time() + 120
+            while frames_in_metrics(run_dir / "metrics.h5") < floor:
+                assert proc.poll() is None and time.time() < deadline, "no progress"
+                time.sleep(0.2)
+            held.append(anonymous_bytes(rank_pid(proc.pid, 1)))
+        finally:
+            proc.send_signal(stop_signal())
+            out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 85, out[-3000:]
+        if start == 1:
+            frames_at_signal = ck.verify(run_dir / "checkpoints", 1)["frames"]
+    replay_bytes = frames_at_signal // 4 * 84 * 84
+    assert replay_bytes > 150e6
+    assert held[1] - held[0] < 0.4 * replay_bytes, (held, replay_bytes)

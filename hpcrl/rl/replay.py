@@ -353,6 +353,10 @@ class ReplayMemory:
                 f"state has capacity {int(state['capacity'])}, stack {int(state['stack'])}; "
                 f"this memory has {self._capacity}, {self._stack}")
         used = min(int(state["num_slots_written"]), self._num_slots)
+        # Slots past those this memory has written still hold their initial values: writing
+        # them again would make a fresh memory's whole ring resident at once (7 GB for 1 M
+        # Atari transitions) however little the checkpoint held.
+        written = max(used, min(self._num_slots_written, self._num_slots))
         for name in ("frames", "actions", "rewards", "terminals", "pos", "transition_ids"):
             target = getattr(self, "_" + name)
             source = np.asarray(state[name])
@@ -360,7 +364,7 @@ class ReplayMemory:
                 raise ValueError(f"state[{name!r}] shape {source.shape}, want "
                                  f"{(used,) + target.shape[1:]}")
             np.copyto(target[:used], source, casting="same_kind")
-            target[used:] = -1 if name in ("pos", "transition_ids") else 0
+            target[used:written] = -1 if name in ("pos", "transition_ids") else 0
         self._head = int(state["head"])
         self._num_slots_written = int(state["num_slots_written"])
         self._num_added = int(state["num_added"])

@@ -23,8 +23,7 @@ BUDGET_POLL_S = 1e-3         # sleep while the final checkpoint is being asked f
 
 def run_client(ctx: Context, worker: Worker) -> None:
     """Drive ``worker`` until a coordinated checkpoint says stop (a spent budget or a signal)."""
-    if ctx.state is not None:
-        worker.set_state(ctx.state)
+    ctx.hand_over_state(worker.set_state)
     ctx.link.started()
     coord, link, total_frames = ctx.coord, ctx.link, ctx.cfg.total_frames
     steps = 0

@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from hpcrl.config import Config
 from hpcrl.core import STATS_FIELDS, LearnerStats
+from hpcrl.runtime import watchdog
 from hpcrl.runtime.coord import Coordinator
 from hpcrl.runtime.params.store import ParameterStore
 from hpcrl.runtime.topology import Layout
@@ -88,10 +89,22 @@ class Context:
     hosts: list | None = None  # rank 0: every rank's host name, by rank
     provenance: dict | None = None   # rank 0: versions, MPI, git, hosts, SLURM ids
     tensors: tuple = ()        # the network's (name, size) in the flat vector's order
+    memory_bound: float | None = None  # the memory guard's bound in bytes (None: off)
     link: ClientLink = field(init=False)
 
     def __post_init__(self) -> None:
         self.link = ClientLink(self.mcomm, self.rank)
+
+    def hand_over_state(self, set_state) -> None:
+        """Give the resumed state (if any) to ``set_state`` and drop it here, then arm the
+        memory guard. A Gorila bundle's replay memory is read into RAM from its checkpoint
+        and copied into the live memory: kept here, that second copy (7 GB for a bundle of
+        1 M transitions) would stay resident for the whole run. Until this point both copies
+        are, so the guard, which counts one, starts now."""
+        if self.state is not None:
+            set_state(self.state)
+            self.state = None
+        watchdog.bound_memory(self.memory_bound)
 
     @property
     def seed(self) -> int:

@@ -212,13 +212,15 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
                         write_bound_s=sizing.checkpoint_bound_s(
                             generation_bytes, cfg.watchdog_s, cfg.checkpoint_min_mb_per_s),
                         quota_bytes=generation_bytes if cfg.checkpoint_quota_check else 0.0)
-    ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord, state,
-                  manifest["frames"] if manifest else None, opt, hosts, origin,
-                  tuple(zip(tensor_names, tensor_sizes)))
-    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: abort_job(comm, EXIT_FAILURE),
-                   memory_need + cfg.memory_guard_gb * sizing.GB if cfg.memory_guard_gb else None)
+    ctx = Context(comm, cfg, layout, rank, store, mcomm, rcomm, run_dir, coord,
+                  None if role == Role.PS else state, manifest["frames"] if manifest else None,
+                  opt, hosts, origin, tuple(zip(tensor_names, tensor_sizes)),
+                  memory_need + cfg.memory_guard_gb * sizing.GB if cfg.memory_guard_gb else None)
+    del state                   # the context hands it over (Context.hand_over_state)
+    watchdog.start(cfg.watchdog_s, rank, role.value, lambda: abort_job(comm, EXIT_FAILURE))
     hooks.after_startup(rank)
     if role == Role.PS:
+        ctx.hand_over_state(None)               # the shard's state is in place already
         run_ps(ctx)
     elif role == Role.REPLAY:
         run_replay(ctx)

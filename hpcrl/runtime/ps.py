@@ -145,8 +145,7 @@ def run_replay(ctx: Context) -> None:
     server = ReplayServer(ctx.rcomm, cfg.replay_capacity, cfg.replay_min_fill, frame_shape,
                           frame_dtype, stack, n_streams, n_peers, ctx.seed, n_step=cfg.n_step,
                           gamma=cfg.gamma)
-    if ctx.state is not None:
-        server.set_state(ctx.state)
+    ctx.hand_over_state(server.set_state)
     server.serve(coord=ctx.coord, save_replay=cfg.checkpoint_replay)
     if final.final_due(ctx):
         final.server_phase(ctx)

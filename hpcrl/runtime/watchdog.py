@@ -50,12 +50,19 @@ def allow(seconds: float):
         CURRENT.last, CURRENT.grace_s = time.monotonic(), 0.0
 
 
-def start(timeout_s: float, rank: int, role: str, abort,
-          memory_bound: float | None = None) -> "Watchdog":
-    """Watch this rank: progress (``timeout_s``) and, unless None, its memory (bytes)."""
+def start(timeout_s: float, rank: int, role: str, abort) -> "Watchdog":
+    """Watch this rank's progress (``timeout_s``); its memory once :func:`bound_memory` says."""
     global CURRENT
-    CURRENT = Watchdog(timeout_s, rank, role, abort, memory_bound)
+    CURRENT = Watchdog(timeout_s, rank, role, abort)
     return CURRENT
+
+
+def bound_memory(bound: float | None) -> None:
+    """From now on, abort the job when this rank's anonymous memory passes ``bound`` bytes
+    (None: no bound). A rank arms it once its start-up is over, so the state it read from a
+    checkpoint and copied into place no longer counts twice."""
+    if CURRENT is not None:
+        CURRENT.memory_bound = bound
 
 
 def anonymous_resident_bytes() -> float | None:
@@ -114,10 +121,9 @@ def _reachable():
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float, rank: int, role: str, abort,
-                 memory_bound: float | None = None):
+    def __init__(self, timeout_s: float, rank: int, role: str, abort):
         self.timeout_s, self.rank, self.role, self.abort = timeout_s, rank, role, abort
-        self.memory_bound = memory_bound
+        self.memory_bound: float | None = None      # bytes; set by :func:`bound_memory`
         self.last = time.monotonic()
         self.grace_s = 0.0                  # a longer bound while inside :func:`allow`
         self._main = threading.main_thread().ident
@@ -136,9 +142,10 @@ class Watchdog:
                 self._report(idle)
                 self.abort()           # hpcrl.runtime.exits.abort_job: a grace, then Abort
                 return
-            held = anonymous_resident_bytes() if self.memory_bound else None
-            if held is not None and held > self.memory_bound:
-                self._report_memory(held)
+            bound = self.memory_bound
+            held = anonymous_resident_bytes() if bound else None
+            if held is not None and held > bound:
+                self._report_memory(held, bound)
                 self.abort()
                 return
 
@@ -146,12 +153,12 @@ class Watchdog:
         frame = sys._current_frames().get(self._main)
         return "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
 
-    def _report_memory(self, held: float) -> None:
+    def _report_memory(self, held: float, bound: float) -> None:
         largest = ("".join(f"  {b / 1e9:.2f} GB  {what}\n" for b, what in largest_buffers())
                    or "  (none found)\n")
         sys.stderr.write(f"hpcrl: memory guard: rank {self.rank} ({self.role}) on host "
                          f"{socket.gethostname()} holds {held / 1e9:.2f} GB of anonymous "
-                         f"memory, over its bound of {self.memory_bound / 1e9:.2f} GB (its "
+                         f"memory, over its bound of {bound / 1e9:.2f} GB (its "
                          "pre-flight estimate + memory_guard_gb); aborting the job before its "
                          "node swaps (--set memory_guard_gb=N raises the bound, 0 turns it "
                          f"off). Largest arrays and tensors:\n{largest}"
