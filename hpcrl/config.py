@@ -213,6 +213,11 @@ class Config:
                                 "seconds for the ps to apply it before pulling (0 = pull at once, "
                                 "Hogwild)", lo=0.0, hi=10.0)
     anneal_frames: int = _f(4_000_000, "frames over which async epsilons anneal from 1", lo=1)
+    final_epsilon_high: float = _f(0.5, "asynchronous value methods: the largest of the final "
+                                   "epsilons each environment draws (0.1, 0.01 and this one, "
+                                   "with probabilities 0.4, 0.3, 0.3; the paper's 0.5 has three "
+                                   "environments in ten act half at random for the whole run)",
+                                   lo=0.0, hi=1.0)
 
     # --- evaluation --------------------------------------------------------------------------
     eval_every_frames: int = _f(1_000_000, "each evaluating rank (evaluator ranks, else every "

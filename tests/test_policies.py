@@ -123,6 +123,23 @@ def test_sample_final_epsilon_distribution():
     assert float(np.sum((uniform - expected) ** 2 / expected)) > 100
 
 
+def test_final_epsilon_high_replaces_the_half_random_environments():
+    """The config's final_epsilon_high takes the place of 0.5 in each environment's draw,
+    through the policy the value methods' workers build (same rng: the same environments)."""
+    import torch
+
+    from hpcrl.rl.acting import EpsilonGreedyPolicy
+
+    net = torch.nn.Linear(4, 2)
+    paper = EpsilonGreedyPolicy(net, 64, 1000, 4, np.random.default_rng(5))
+    capped = EpsilonGreedyPolicy(net, 64, 1000, 4, np.random.default_rng(5),
+                                 final_epsilon_high=0.1)
+    assert set(paper.final_epsilons.tolist()) == {0.1, 0.01, 0.5}
+    half = paper.final_epsilons == 0.5
+    np.testing.assert_array_equal(capped.final_epsilons[half], 0.1)
+    np.testing.assert_array_equal(capped.final_epsilons[~half], paper.final_epsilons[~half])
+
+
 def _reference_filter(losses, k_std, warmup, window):
     """Loop reference: keep the list of values fed to the statistics and recompute them.
 

@@ -32,11 +32,12 @@ class EpsilonGreedyPolicy:
 
     def __init__(self, net: torch.nn.Module, num_envs: int, anneal_frames: int,
                  frames_per_step: int, rng: np.random.Generator,
-                 forward: Callable | None = None):
+                 forward: Callable | None = None, final_epsilon_high: float = 0.5):
         self.net, self.rng, self.frames_per_step = net, rng, frames_per_step
         self.forward = forward or net
         self.anneal_frames = anneal_frames
-        self.final_epsilons = np.array([sample_final_epsilon(rng) for _ in range(num_envs)])
+        self.final_epsilons = np.array([sample_final_epsilon(rng, final_epsilon_high)
+                                        for _ in range(num_envs)])
         self.schedules = [LinearSchedule(1.0, e, anneal_frames) for e in self.final_epsilons]
         self.local_frames = 0
 

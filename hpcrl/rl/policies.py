@@ -100,13 +100,15 @@ def sample_from_logits(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.array(actions, np.int64)
 
 
-def sample_final_epsilon(rng: np.random.Generator) -> float:
+def sample_final_epsilon(rng: np.random.Generator, high: float = FINAL_EPSILONS[2]) -> float:
     """Final epsilon of one actor-learner (Mnih et al. 2016, §8 Experimental setup).
 
     "... the final value epsilon sampled from a distribution taking three values 0.1, 0.01, 0.5
-    with probabilities 0.4, 0.3, 0.3", so that actor-learners explore differently.
+    with probabilities 0.4, 0.3, 0.3", so that actor-learners explore differently. ``high``
+    replaces the 0.5 (``final_epsilon_high``); the draw is the same.
     """
-    return float(FINAL_EPSILONS[rng.choice(len(FINAL_EPSILONS), p=FINAL_EPSILON_PROBS)])
+    values = (*FINAL_EPSILONS[:2], high)
+    return float(values[rng.choice(len(values), p=FINAL_EPSILON_PROBS)])
 
 
 def linear_lr(lr0: float, frame: int, total_frames: int) -> float:

@@ -62,7 +62,8 @@ class ActorLearnerWorker(WorkerBase):
         forward = self.clock.timed("forward", net)
         if self.value_method:
             self.policy = EpsilonGreedyPolicy(net, n_env, cfg.anneal_frames, env.frames_per_step,
-                                              self.rng, forward=forward)
+                                              self.rng, forward=forward,
+                                              final_epsilon_high=cfg.final_epsilon_high)
         elif getattr(env, "continuous", False):
             self.policy = GaussianPolicy(net, n_env, self.rng, forward=forward)
         else:
