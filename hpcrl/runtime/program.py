@@ -102,10 +102,9 @@ def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_para
         from hpcrl.envs import env_spec
 
         hosts = [h for h, _ in gathered]
-        obs_shape = env_spec(cfg)[0]
-        totals = sizing.summary(cfg, layout, obs_shape, n_params, hosts)
+        totals = sizing.summary(cfg, layout, env_spec(cfg)[0], n_params, hosts)
         generation_bytes = float(totals["generation_bytes"])
-        rank_bytes = [n.memory_total for n in sizing.rank_needs(cfg, layout, obs_shape, n_params)]
+        rank_bytes = totals["rank_memory"]
         for line in sizing.describe(totals):
             print(f"[hpcrl] {line}", flush=True)
         if cfg.preflight:

@@ -93,7 +93,8 @@ def rank_needs(cfg: Config, layout: Layout, obs_shape: tuple[int, ...], n_params
 def summary(cfg: Config, layout: Layout, obs_shape, n_params: int,
             hosts: list[str] | None = None) -> dict:
     """Per-host memory and the disk of the checkpoint generations: ``{"hosts": {host: bytes},
-    "memory_parts": {host: {part: bytes}}, "generation_bytes", "disk_bytes"}``. Without
+    "memory_parts": {host: {part: bytes}}, "generation_bytes", "disk_bytes",
+    "rank_memory": [bytes by rank]}``. Without
     ``hosts`` all ranks count as one node (``--dry-run``)."""
     needs = rank_needs(cfg, layout, obs_shape, n_params)
     hosts = hosts or ["one node"] * len(needs)
@@ -105,6 +106,7 @@ def summary(cfg: Config, layout: Layout, obs_shape, n_params: int,
     generation = sum(n.checkpoint for n in needs)
     return {"memory": {h: sum(p.values()) for h, p in per_host.items()},
             "memory_parts": per_host, "generation_bytes": generation,
+            "rank_memory": [n.memory_total for n in needs],
             # checkpoint_keep generations are kept, and the next one is written before the
             # oldest is removed
             "disk_bytes": generation * (cfg.checkpoint_keep + 1)}
