@@ -157,6 +157,11 @@ class Config:
                                 "convolutions and hidden layer, under CPU autocast; heads, "
                                 "loss, gradient, parameters and acting stay float32)",
                                 choices=("float32", "bfloat16"))
+    learner_reuse_acting: bool = _f(True, "asynchronous methods with an image network (not "
+                                    "LSTM, not Sarsa's carried-over first step): the rollout "
+                                    "gradient reuses the acting passes' activations instead of "
+                                    "a second forward over the rollout (the same gradient to "
+                                    "float32 rounding; float32 learner only)")
     outlier_k: float = _f(5.0, "drop gradients whose |loss| > running mean + k std (Gorila); 0 = off",
                           lo=0.0)
     epsilon_start: float = _f(1.0, "initial exploration epsilon", lo=0.0, hi=1.0)

@@ -5,7 +5,8 @@ Variants, each on the same rollout of real Pong frames (``configs/a3c_pong.toml`
 and rollout shape, t_max x envs_per_actor states):
 
 * ``learner``: :meth:`hpcrl.agents.async_rl.learner.AsyncLearner.gradient` itself (the
-  production path, norm clip and gradient pieces included);
+  production path, norm clip and gradient pieces included) with no recording: a forward over
+  the rollout and its backward;
 * ``bootstrap_in_batch``: the previous feed-forward path, the bootstrap states riding along in
   the gradient's batch (their values detached, but backward covers the whole batch), NCHW;
 * ``bootstrap_apart``: the same with the bootstrap states in a pass of their own, NCHW;
@@ -15,6 +16,11 @@ and rollout shape, t_max x envs_per_actor states):
 
 Each figure is milliseconds per rollout gradient (median over blocks); ``*_over_reference``
 divides by ``bootstrap_in_batch``.
+
+The acting passes and the gradient together (both methods), the production learner either
+way: ``act_rerun`` (t_max acting forwards of envs_per_actor states, then the gradient with its
+own forward) and ``act_reuse`` (the acting forwards recorded, the gradient from their
+activations, `hpcrl.rl.reuse`); ``reuse_over_rerun`` divides the two.
 
 ``--algo n_step_q`` (:func:`bench_value_gradient`, ``configs/n_step_q_pong.toml``'s network
 and rollout): ``learner`` (the production path: the target network only on the states that
@@ -70,10 +76,42 @@ def _time(variants: dict, blocks: int, reps: int) -> dict:
 def _summary(name: str, states: int, blocks: int, reps: int, times: dict, reference: str) -> dict:
     ms = {k: float(np.median(v)) for k, v in times.items()}
     ref = ms[reference]
+    acting = ("act_rerun", "act_reuse")
     return {"bench": name, "states": states, "blocks": blocks, "reps": reps,
             **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
-            **{f"{k}_over_reference": round(v / ref, 3) for k, v in ms.items() if k != reference},
+            **{f"{k}_over_reference": round(v / ref, 3) for k, v in ms.items()
+               if k != reference and k not in acting},
+            "reuse_over_rerun": round(ms["act_reuse"] / ms["act_rerun"], 3),
             "runs_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}
+
+
+def _acting_variants(net, cfg, rollout, learner, forward) -> dict:
+    """``act_rerun`` and ``act_reuse`` (see the module docstring): the rollout's acting passes
+    (``forward`` on each step's states, no graph) and the production gradient."""
+    import torch
+
+    from hpcrl.agents.async_rl.learner import AsyncLearner
+    from hpcrl.rl.reuse import ActivationRecorder, RecordedActivations
+
+    rerun = AsyncLearner(learner.net, learner.target, cfg.replace(learner_reuse_acting=False))
+    recorder = ActivationRecorder(net.torso)
+    steps = [torch.from_numpy(s) for s in rollout.s_tm1]
+
+    def act():
+        with torch.no_grad():
+            for s in steps:
+                forward(s)
+
+    def act_rerun():
+        act()
+        rerun.gradient(rollout)
+
+    def act_reuse():
+        recorder.start(0)
+        act()
+        learner.gradient(rollout, None, RecordedActivations(recorder.stop()))
+
+    return {"act_rerun": act_rerun, "act_reuse": act_reuse}
 
 
 def bench_value_gradient(blocks: int = 7, reps: int = 20) -> dict:
@@ -107,7 +145,8 @@ def bench_value_gradient(blocks: int = 7, reps: int = 20) -> dict:
         loss.backward()
 
     times = _time({"learner": lambda: learner.gradient(rollout),
-                   "all_states_nchw": all_states_nchw}, blocks, reps)
+                   "all_states_nchw": all_states_nchw,
+                   **_acting_variants(net, cfg, rollout, learner, net)}, blocks, reps)
     return _summary("gradient_n_step_q", T * N, blocks, reps, times, "all_states_nchw")
 
 
@@ -156,6 +195,7 @@ def bench_gradient(blocks: int = 7, reps: int = 20) -> dict:
 
     variants = {"learner": lambda: learner.gradient(rollout),
                 "bootstrap_in_batch": in_batch, "bootstrap_apart": apart,
-                "bfloat16_torso": lambda: apart(torch.bfloat16)}
+                "bfloat16_torso": lambda: apart(torch.bfloat16),
+                **_acting_variants(net, cfg, rollout, learner, lambda s: net(s, None))}
     times = _time(variants, blocks, reps)
     return _summary("gradient", T * N, blocks, reps, times, "bootstrap_in_batch")

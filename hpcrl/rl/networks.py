@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
-def _scale_input(x: torch.Tensor) -> torch.Tensor:
+def scale_input(x: torch.Tensor) -> torch.Tensor:
     """uint8 pixels -> float in [0, 1]; float inputs pass through unchanged."""
     if x.dtype == torch.uint8:
         return x.float().mul_(1.0 / 255.0)
@@ -89,7 +89,7 @@ class NatureQNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [B, stack, H, W] (uint8 or float) -> Q-values [B, num_actions]."""
-        return self.q_head(self.torso(_scale_input(obs)))
+        return self.q_head(self.torso(scale_input(obs)))
 
 
 def small_torso(obs_shape: tuple[int, int, int]) -> nn.Sequential:
@@ -124,7 +124,7 @@ class SmallQNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [B, stack, H, W] (uint8 or float) -> Q-values [B, num_actions]."""
-        return self.q_head(self.torso(_scale_input(obs)))
+        return self.q_head(self.torso(scale_input(obs)))
 
 
 def q_values(net: nn.Module, obs: torch.Tensor, torso_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -138,7 +138,7 @@ def q_values(net: nn.Module, obs: torch.Tensor, torso_dtype: torch.dtype | None 
     """
     if torso_dtype is None:
         return net(obs)
-    return net.q_head(_torso(net.torso, _scale_input(obs), torso_dtype))
+    return net.q_head(_torso(net.torso, scale_input(obs), torso_dtype))
 
 
 class MLPQNetwork(nn.Module):
@@ -155,7 +155,7 @@ class MLPQNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [B, obs_dim] -> Q-values [B, num_actions]."""
-        return self.q_head(self.torso(_scale_input(obs)))
+        return self.q_head(self.torso(scale_input(obs)))
 
 
 class _ActorCritic(nn.Module):
@@ -185,7 +185,7 @@ class _ActorCritic(nn.Module):
         Returns:
             logits [B, num_actions] (policy = softmax(logits)), value [B], next state.
         """
-        x = _torso(self.torso, _scale_input(obs), torso_dtype)
+        x = _torso(self.torso, scale_input(obs), torso_dtype)
         if self.lstm is not None:
             if state is None:
                 state = self.initial_state(x.shape[0])

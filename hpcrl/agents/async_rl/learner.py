@@ -11,6 +11,9 @@
   forward or LSTM (state carried across rollouts, zeroed at episode ends); a softmax policy
   over discrete actions or a Gaussian one over continuous actions (`hpcrl.rl.gaussian`).
 * Every gradient is clipped to a global norm (``grad_clip_norm``) before it is pushed.
+* Image networks (feed-forward, float32) take the gradient from the acting passes'
+  activations (`hpcrl.rl.reuse`, ``learner_reuse_acting``) instead of running the forward
+  over the rollout a second time: the same gradient to rounding.
 
 An episode cut by the time limit (not terminal) bootstraps from the state it was cut at, with
 V or Q of that state; for Sarsa, whose next action does not exist there, with the max.
@@ -27,7 +30,8 @@ from hpcrl.core import LearnerStats
 from hpcrl.rl.gaussian import a3c_gaussian_loss
 from hpcrl.rl.losses import a3c_loss, bootstrap_returns, dqn_loss, rollout_cuts, td_error, \
     value_targets
-from hpcrl.rl.networks import reset_lstm_state
+from hpcrl.rl.networks import reset_lstm_state, scale_input
+from hpcrl.rl.reuse import RecordedActivations, reusable_torso, torso_backward
 from hpcrl.runtime.params.layout import ParamLayout
 
 VALUE_METHODS = ("one_step_q", "one_step_sarsa", "n_step_q")
@@ -108,6 +112,19 @@ def actor_critic_bootstrap(net: torch.nn.Module, rollout: Rollout, after: list) 
     return v_t
 
 
+def bootstrap_values(net: torch.nn.Module, rollout: Rollout) -> np.ndarray:
+    """Feed-forward nets: V(s_t; theta) [T, N] where a return bootstraps, else 0, in one pass
+    without a graph over those states only."""
+    T, N = rollout.a_tm1.shape[:2]
+    v_t = np.zeros(T * N, np.float32)
+    idx = np.flatnonzero(bootstrap_mask(rollout).reshape(-1))
+    if idx.size:
+        with torch.no_grad():
+            _, v_cut, _ = net(torch.from_numpy(flat_batch(rollout.s_t)[idx]), None)
+        v_t[idx] = v_cut.numpy()
+    return v_t.reshape(T, N)
+
+
 def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout,
                          torso_dtype: torch.dtype | None = None):
     """logits [T, N, A] and values [T, N] with their graph, and the bootstrap values v_t [T, N]
@@ -128,13 +145,15 @@ def actor_critic_outputs(net: torch.nn.Module, rollout: Rollout,
         logits, values, after = unroll_actor_critic(net, rollout)
         return logits, values, actor_critic_bootstrap(net, rollout, after)
     lg, v, _ = net(gradient_batch(rollout), None, torso_dtype)
-    v_t = np.zeros(T * N, np.float32)
-    idx = np.flatnonzero(bootstrap_mask(rollout).reshape(-1))
-    if idx.size:
-        with torch.no_grad():
-            _, v_cut, _ = net(torch.from_numpy(flat_batch(rollout.s_t)[idx]), None)
-        v_t[idx] = v_cut.numpy()
-    return lg.reshape(T, N, -1), v.reshape(T, N), v_t.reshape(T, N)
+    return lg.reshape(T, N, -1), v.reshape(T, N), bootstrap_values(net, rollout)
+
+
+def heads(net: torch.nn.Module, hidden: torch.Tensor):
+    """The output heads over the last hidden layer's outputs: (logits, values) of a feed-
+    forward actor-critic, or the Q-values of a Q-network."""
+    if hasattr(net, "q_head"):
+        return net.q_head(hidden)
+    return net.policy_head(hidden), net.value_head(hidden).squeeze(-1)
 
 
 def target_q_values(target: torch.nn.Module, algo: str, rollout: Rollout) -> np.ndarray:
@@ -169,8 +188,19 @@ class AsyncLearner:
         self.sq_norm = 0.0
         self._health = 0.0        # the last loss's entropy (A3C) or mean max Q (value methods)
         self.torso_dtype = torch.bfloat16 if cfg.learner_precision == "bfloat16" else None
+        #: whether the gradient can come from the acting passes' activations (hpcrl.rl.reuse)
+        self.reuses_acting = (cfg.learner_reuse_acting and self.torso_dtype is None
+                              and not _recurrent(net)
+                              and reusable_torso(getattr(net, "torso", None)))
+        self._hidden: torch.Tensor | None = None    # the heads' input leaf of a reused pass
 
-    def loss(self, rollout: Rollout, a_next: np.ndarray | None = None) -> torch.Tensor:
+    def _hidden_leaf(self, acts: RecordedActivations) -> torch.Tensor:
+        """The recorded last hidden layer as a leaf whose gradient the torso's backward reads."""
+        self._hidden = acts.head_input.detach().requires_grad_()
+        return self._hidden
+
+    def loss(self, rollout: Rollout, a_next: np.ndarray | None = None,
+             acts: RecordedActivations | None = None) -> torch.Tensor:
         """The rollout's loss: summed over its t_max steps, averaged over its N environments.
 
         The sum over time is the paper's: an actor-learner accumulates the gradients of its
@@ -179,10 +209,19 @@ class AsyncLearner:
         and PAAC average over their environments): N environments give a gradient of lower
         variance, not an N times larger one, so learning rate, RMSProp's epsilon and the
         norm clip keep their meaning. With one environment it is the paper's loss exactly.
+
+        ``acts``: the rollout's acting activations (:meth:`gradient` passes them where
+        ``reuses_acting``): the heads run on the recorded hidden layer instead of a forward.
         """
         T, N = rollout.a_tm1.shape[:2]
+        self._hidden = None
         if self.cfg.algo == "a3c":
-            logits, values, v_t = actor_critic_outputs(self.net, rollout, self.torso_dtype)
+            if acts is not None:
+                logits, values = heads(self.net, self._hidden_leaf(acts))
+                logits, values = logits.reshape(T, N, -1), values.reshape(T, N)
+                v_t = bootstrap_values(self.net, rollout)
+            else:
+                logits, values, v_t = actor_critic_outputs(self.net, rollout, self.torso_dtype)
             returns = bootstrap_returns(rollout.r_t, rollout.discount_t,
                                         rollout_cuts(rollout.end_t), v_t, self.cfg.gamma)
             loss = a3c_gaussian_loss if rollout.a_tm1.ndim == 3 else a3c_loss
@@ -193,27 +232,35 @@ class AsyncLearner:
         q_t = target_q_values(self.target, self.cfg.algo, rollout)
         y = value_targets(self.cfg.algo, rollout.r_t, rollout.discount_t, rollout.end_t,
                           rollout.a_tm1, q_t, self.cfg.gamma, a_next)
-        q_tm1 = self.net(gradient_batch(rollout))
+        q_tm1 = (heads(self.net, self._hidden_leaf(acts)) if acts is not None
+                 else self.net(gradient_batch(rollout)))
         self._health = float(q_tm1.detach().max(dim=-1).values.mean())
         td = td_error(q_tm1, torch.from_numpy(rollout.a_tm1.reshape(-1)), y.reshape(-1))
         return dqn_loss(td, self.cfg.loss, reduction="sum") / N
 
-    def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None
-                 ) -> list[np.ndarray] | None:
+    def gradient(self, rollout: Rollout, a_next: np.ndarray | None = None,
+                 acts: RecordedActivations | None = None) -> list[np.ndarray] | None:
         """Norm-clipped gradient of `loss` in pieces (valid until the next call), or None if it
         is not finite.
+
+        ``acts``: the activations of the passes that acted this rollout with the current
+        parameters (the worker's recording); used where ``reuses_acting``, ignored otherwise.
 
         Backward writes fresh ``.grad`` tensors (``set_to_none``) that are pushed as they are:
         accumulating into a zeroed flat buffer instead costs a pass that zeroes the whole
         vector and an add where a fresh tensor is simply kept.
         """
-        loss = self.loss(rollout, a_next)
+        acts = acts if self.reuses_acting else None
+        loss = self.loss(rollout, a_next, acts)
         value = float(loss.detach())
         if not np.isfinite(value):
             self.stats.dropped_nonfinite += 1
             return None
         self.net.zero_grad(set_to_none=True)
         loss.backward()
+        if acts is not None:
+            x = scale_input(gradient_batch(rollout))
+            torso_backward(self.net.torso, x, acts.outs, self._hidden.grad)
         grad = self.layout.grad_pieces(self.net)
         norm = clip_by_global_norm(grad, self.cfg.grad_clip_norm)
         if not np.isfinite(norm):

@@ -32,6 +32,7 @@ from hpcrl.rl.acting import ActorCriticPolicy, EpsilonGreedyPolicy, GaussianPoli
 from hpcrl.rl.networks import build_network
 from hpcrl.rl.obs_norm import ReturnScaler, find_obs_normalizer
 from hpcrl.rl.policies import learning_rate
+from hpcrl.rl.reuse import ActivationRecorder, RecordedActivations, matching
 from hpcrl.runtime import hooks
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.params.header import Word
@@ -92,7 +93,25 @@ class ActorLearnerWorker(WorkerBase):
                                            len(evaluating))
                           if cfg.eval_every_frames > 0 and ctx.rank in evaluating else -1)
         self.eval_interrupt = interrupt_at_checkpoint(ctx.coord.due)
-        self.versions = ctx.store.pull(self.theta)
+        # The acting passes' activations feed the gradient (hpcrl.rl.reuse); a recording is
+        # used only if no pull came between it and the gradient (the same parameters).
+        self.recorder = ActivationRecorder(net.torso) if self.learner.reuses_acting else None
+        self.pulls = 0
+        self._pull()
+
+    def _pull(self) -> None:
+        self.versions = self.store.pull(self.theta)
+        self.pulls += 1
+
+    def _recorded(self) -> RecordedActivations | None:
+        """This rollout's acting activations, if every step of it was acted after the last
+        pull (Sarsa's first step was acted in the rollout before, so its rollouts re-run)."""
+        if self.recorder is None:
+            return None
+        token, passes = self.recorder.token, self.recorder.stop()
+        if token != self.pulls or not matching(passes, self.cfg.t_max, self.n_env):
+            return None
+        return RecordedActivations(passes)
 
     def global_frames(self) -> int:
         return self.frames_seen
@@ -114,13 +133,16 @@ class ActorLearnerWorker(WorkerBase):
         cfg, store = self.cfg, self.store
         if self.target is not None:
             self.target.refresh()
+        if self.recorder is not None:
+            self.recorder.start(self.pulls)
         rollout, self.obs = collect_rollout(self.env, self.obs, self.policy, cfg.t_max,
                                             self._on_step, self.a_next, step=self.env_step)
+        acts = self._recorded()
         self.frames_seen = self.frames.add(self.rollout_frames)
         self.rollout_frames = 0
         if cfg.algo == "one_step_sarsa":
             self.a_next = self.policy.act(self.obs)   # a' in s_T, taken first in the next rollout
-        grad = self.gradient(rollout, self.a_next)
+        grad = self.gradient(rollout, self.a_next, acts)
         if self.new_obs:
             self.obs_norm.observe(np.concatenate(self.new_obs))
             self.new_obs.clear()
@@ -133,7 +155,7 @@ class ActorLearnerWorker(WorkerBase):
                 store.request_target_refresh()
         if grad is not None and cfg.wait_own_update > 0:
             store.wait_consumed(timeout_s=cfg.wait_own_update)
-        self.versions = store.pull(self.theta)
+        self._pull()
         self.rollouts += 1
         self.clock.maybe_write(self.rollouts * cfg.t_max * self.n_env)
         if 0 <= self.next_eval <= self.rollouts * cfg.t_max * self.frames_per_step:
@@ -150,10 +172,10 @@ class ActorLearnerWorker(WorkerBase):
         return self.learner.stats
 
     def after_checkpoint(self) -> None:
-        self.versions = self.store.pull(self.theta)
+        self._pull()
 
     def pull_final(self) -> None:
-        self.versions = self.store.pull(self.theta)
+        self._pull()
 
     def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
         return final_evaluation(self.net, self.cfg, episodes, seed, on_step)
