@@ -85,14 +85,17 @@ class RecordedActivations:
     """A rollout's recorded activations, batched as the gradient's [T * N, ...] batch.
 
     Attributes:
-        outs: per weight layer, its ReLU outputs over the rollout, time-major; the image
-            layers' in channels-last memory (the layout of the gradient's convolutions).
+        outs: per weight layer, its ReLU outputs over the rollout, time-major; those that a
+            convolution reads (an image output followed by another) in channels-last memory,
+            the layout of the gradient's convolutions; the last image output, which the linear
+            layer reads flattened, stays NCHW (its flatten needs no copy).
     """
 
     def __init__(self, passes: list[list[torch.Tensor]]):
         outs = [torch.cat(layer) for layer in zip(*passes)]
-        self.outs = [o.contiguous(memory_format=_CHANNELS_LAST) if o.dim() == 4 else o
-                     for o in outs]
+        self.outs = [o.contiguous(memory_format=_CHANNELS_LAST)
+                     if o.dim() == 4 and nxt.dim() == 4 else o
+                     for o, nxt in zip(outs, outs[1:])] + outs[-1:]
 
     @property
     def head_input(self) -> torch.Tensor:
