@@ -33,7 +33,7 @@ def _acted_rollout(net, policy, seed, first_actions=None):
     """A real Pong rollout of N environments acted by ``policy`` under a recorder."""
     env = make_env("pong", N, seed=seed, training=True)
     recorder = ActivationRecorder(net.torso)
-    recorder.start(token=1)
+    recorder.start()
     rollout, _ = collect_rollout(env, env.reset(), policy, T, None, first_actions)
     env.close()
     return rollout, recorder.stop()
@@ -104,7 +104,7 @@ def test_a_rollout_whose_first_step_was_acted_before_is_not_matched():
     _, passes = _acted_rollout(net, policy, seed=2, first_actions=np.zeros(N, np.int64))
     assert len(passes) == T - 1 and not matching(passes, T, N)
     recorder = ActivationRecorder(net.torso)
-    recorder.start(token=0)
+    recorder.start()
     net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8))           # grad enabled: not an acting pass
     assert recorder.stop() == []
 

@@ -107,7 +107,7 @@ def _acting_variants(net, cfg, rollout, learner, forward) -> dict:
         rerun.gradient(rollout)
 
     def act_reuse():
-        recorder.start(0)
+        recorder.start()
         act()
         learner.gradient(rollout, None, RecordedActivations(recorder.stop()))
 

@@ -9,10 +9,11 @@ hand-written backward through the torso's convolutions and linear layers
 (:func:`torso_backward`), the same kernels autograd calls. On one core it saves most of the
 forward's share of the gradient (docs/performance.md).
 
-Exactness needs the parameters of acting and learning to be the same: an actor-learner pulls
-only after it pushed its gradient, and the worker keeps a recording only for the rollout acted
-since its last pull (:class:`ActivationRecorder`). The gradient equals autograd's through the
-same network to float32 rounding (``tests/test_async_rl.py``).
+Exactness needs the parameters of acting and learning to be the same: the worker records only
+while it collects a rollout, and it pulls only after it pushed that rollout's gradient; a
+recording that does not hold one pass per step (Sarsa's first action was chosen in the
+rollout before) is not used (:func:`matching`). The gradient equals autograd's through the
+same network to float32 rounding (``tests/test_reuse.py``).
 
 Applies to torsos that are a ``nn.Sequential`` of Conv2d / Linear layers, each followed by a
 ReLU (a Flatten between them), with an image (Conv2d) first layer: the networks of Mnih et al.
@@ -48,16 +49,11 @@ class ActivationRecorder:
     """Keeps the ReLU outputs of a torso's forward passes between :meth:`start` and
     :meth:`stop`, one list per pass (forward hooks on the torso's ReLUs, which record only
     outside autograd: acting passes, not a gradient's forward).
-
-    The recording is tagged with a token the caller chooses (the worker's pull count), so a
-    recording made under other parameters is never used.
     """
 
     def __init__(self, torso: nn.Sequential):
-        self.torso = torso
         self.passes: list[list[torch.Tensor]] = []
         self._current: list[torch.Tensor] = []
-        self.token: object = None
         self.active = False
         relus = [m for m in torso if isinstance(m, nn.ReLU)]
         self.n_layers = len(relus)
@@ -72,8 +68,8 @@ class ActivationRecorder:
             self.passes.append(self._current)
             self._current = []
 
-    def start(self, token: object) -> None:
-        self.passes, self._current, self.token, self.active = [], [], token, True
+    def start(self) -> None:
+        self.passes, self._current, self.active = [], [], True
 
     def stop(self) -> list[list[torch.Tensor]]:
         self.active = False

@@ -93,25 +93,19 @@ class ActorLearnerWorker(WorkerBase):
                                            len(evaluating))
                           if cfg.eval_every_frames > 0 and ctx.rank in evaluating else -1)
         self.eval_interrupt = interrupt_at_checkpoint(ctx.coord.due)
-        # The acting passes' activations feed the gradient (hpcrl.rl.reuse); a recording is
-        # used only if no pull came between it and the gradient (the same parameters).
+        # The acting passes' activations feed the gradient (hpcrl.rl.reuse): recorded only
+        # while a rollout is collected, which no pull interrupts (the same parameters).
         self.recorder = ActivationRecorder(net.torso) if self.learner.reuses_acting else None
-        self.pulls = 0
-        self._pull()
-
-    def _pull(self) -> None:
-        self.versions = self.store.pull(self.theta)
-        self.pulls += 1
+        self.versions = ctx.store.pull(self.theta)
 
     def _recorded(self) -> RecordedActivations | None:
-        """This rollout's acting activations, if every step of it was acted after the last
-        pull (Sarsa's first step was acted in the rollout before, so its rollouts re-run)."""
+        """This rollout's acting activations, if every step of it was acted in it (Sarsa's
+        first action was chosen in the rollout before, so its rollouts re-run)."""
         if self.recorder is None:
             return None
-        token, passes = self.recorder.token, self.recorder.stop()
-        if token != self.pulls or not matching(passes, self.cfg.t_max, self.n_env):
-            return None
-        return RecordedActivations(passes)
+        passes = self.recorder.stop()
+        return (RecordedActivations(passes) if matching(passes, self.cfg.t_max, self.n_env)
+                else None)
 
     def global_frames(self) -> int:
         return self.frames_seen
@@ -134,7 +128,7 @@ class ActorLearnerWorker(WorkerBase):
         if self.target is not None:
             self.target.refresh()
         if self.recorder is not None:
-            self.recorder.start(self.pulls)
+            self.recorder.start()
         rollout, self.obs = collect_rollout(self.env, self.obs, self.policy, cfg.t_max,
                                             self._on_step, self.a_next, step=self.env_step)
         acts = self._recorded()
@@ -155,7 +149,7 @@ class ActorLearnerWorker(WorkerBase):
                 store.request_target_refresh()
         if grad is not None and cfg.wait_own_update > 0:
             store.wait_consumed(timeout_s=cfg.wait_own_update)
-        self._pull()
+        self.versions = store.pull(self.theta)
         self.rollouts += 1
         self.clock.maybe_write(self.rollouts * cfg.t_max * self.n_env)
         if 0 <= self.next_eval <= self.rollouts * cfg.t_max * self.frames_per_step:
@@ -172,10 +166,10 @@ class ActorLearnerWorker(WorkerBase):
         return self.learner.stats
 
     def after_checkpoint(self) -> None:
-        self._pull()
+        self.versions = self.store.pull(self.theta)
 
     def pull_final(self) -> None:
-        self._pull()
+        self.versions = self.store.pull(self.theta)
 
     def final_evaluation(self, episodes: int, seed: int, on_step) -> list[tuple[float, int]]:
         return final_evaluation(self.net, self.cfg, episodes, seed, on_step)
