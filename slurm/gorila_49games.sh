@@ -13,10 +13,9 @@
 # game, each the paper layout of 130 MPI ranks (30 parameter servers + 100 actor/learner
 # bundles, configs/gorila_paper.toml). Deviation from the paper: that config runs the update
 # rule of configs/gorila_pong.toml (DQN's RMSProp at the ps, 3-step returns, one update per 8
-# agent steps), not the paper's AdaGrad, which has not learned Pong in this project; its header
-# names every deviation and the scaling from the 2 bundles the rule was run at (this config's
-# rule at 1 ps + 2 bundles reached +18 on Pong within 12 M frames on 3 of 4 seeds:
-# docs/experiments/gorila-pong.md). Submit from the repository root:
+# agent steps, final epsilon 0.01), not the paper's AdaGrad, which has not learned Pong in this
+# project; its header names every deviation and the scaling from the 2 bundles the rule was run
+# at (its record: docs/experiments/gorila-pong.md). Submit from the repository root:
 #
 #   sbatch slurm/gorila_49games.sh                                  # all 49 games
 #   HPCRL_GAMES=atari5 sbatch --array=0-4 slurm/gorila_49games.sh   # the 5 games of Atari-5
