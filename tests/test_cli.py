@@ -375,6 +375,11 @@ def test_bench_gradient_prints_its_ratios(algo, name, reference, variants):
     for k in variants:
         assert result[f"{k}_ms"] == pytest.approx(np.median(result["runs_ms"][k]), abs=0.01)
         assert result[f"{k}_over_reference"] == pytest.approx(result[f"{k}_ms"] / ref, abs=2e-3)
+    for ratio, num, den in (("reuse_over_rerun", "act_reuse", "act_rerun"),
+                            ("per_channel_over_layout_change", "input_per_channel",
+                             "input_layout_change")):
+        assert result[ratio] == pytest.approx(result[f"{num}_ms"] / result[f"{den}_ms"],
+                                              abs=2e-3)
 
 
 @pytest.mark.mpi

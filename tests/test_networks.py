@@ -8,7 +8,8 @@ import torch
 
 from hpcrl.runtime.params.layout import ParamLayout
 from hpcrl.rl.networks import (A3CNetwork, MLPActorCritic, MLPQNetwork, NatureQNetwork,
-                            build_actor_critic, build_q_network, num_params, reset_lstm_state)
+                            build_actor_critic, build_q_network, num_params, reset_lstm_state,
+                            scale_input, scaled_channels_last)
 
 torch.set_num_threads(1)
 
@@ -247,3 +248,20 @@ def test_orthogonal_init_of_the_value_methods_network():
         assert not module.bias.detach().any()
     default = build_network(load_config(ROOT / "configs/n_step_q_pong.toml"), (4, 84, 84), 6)
     assert default.q_head.bias.detach().any()
+
+
+def test_scaled_channels_last_is_scale_input_in_channels_last_memory():
+    """The learners' image batch: the same floats as ``scale_input``, bit for bit, element
+    (b, c, y, x) read from channel c of frame b (not a transposed or shuffled copy), in
+    channels-last memory; float input is only re-laid out."""
+    frames = torch.from_numpy(np.random.default_rng(3).integers(0, 256, (5, 4, 84, 84),
+                                                                 dtype=np.uint8))
+    out = scaled_channels_last(frames)
+    assert out.dtype == torch.float32 and out.shape == (5, 4, 84, 84)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, scale_input(frames))
+    assert float(out[2, 3, 10, 70]) == np.float32(int(frames[2, 3, 10, 70])) * np.float32(1 / 255)
+    assert out.stride() == (84 * 84 * 4, 1, 84 * 4, 4)
+    floats = torch.rand(2, 3, 5, 7)
+    again = scaled_channels_last(floats)
+    assert again.is_contiguous(memory_format=torch.channels_last) and torch.equal(again, floats)

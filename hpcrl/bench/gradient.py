@@ -22,6 +22,11 @@ way: ``act_rerun`` (t_max acting forwards of envs_per_actor states, then the gra
 own forward) and ``act_reuse`` (the acting forwards recorded, the gradient from their
 activations, `hpcrl.rl.reuse`); ``reuse_over_rerun`` divides the two.
 
+The gradient batch's input alone (both methods): the rollout's uint8 states made a scaled float
+channels-last batch by torch's layout change (``input_layout_change``, the previous path) and
+by :func:`hpcrl.rl.networks.scaled_channels_last` (``input_per_channel``, the learners' path);
+``per_channel_over_layout_change`` divides the two.
+
 ``--algo n_step_q`` (:func:`bench_value_gradient`, ``configs/n_step_q_pong.toml``'s network
 and rollout): ``learner`` (the production path: the target network only on the states that
 bootstrap, a channels-last batch) against ``all_states_nchw`` (the target network on every
@@ -76,12 +81,14 @@ def _time(variants: dict, blocks: int, reps: int) -> dict:
 def _summary(name: str, states: int, blocks: int, reps: int, times: dict, reference: str) -> dict:
     ms = {k: float(np.median(v)) for k, v in times.items()}
     ref = ms[reference]
-    acting = ("act_rerun", "act_reuse")
+    paired = ("act_rerun", "act_reuse", "input_layout_change", "input_per_channel")
     return {"bench": name, "states": states, "blocks": blocks, "reps": reps,
             **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
             **{f"{k}_over_reference": round(v / ref, 3) for k, v in ms.items()
-               if k != reference and k not in acting},
+               if k != reference and k not in paired},
             "reuse_over_rerun": round(ms["act_reuse"] / ms["act_rerun"], 3),
+            "per_channel_over_layout_change": round(
+                ms["input_per_channel"] / ms["input_layout_change"], 3),
             "runs_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}
 
 
@@ -91,6 +98,8 @@ def _acting_variants(net, cfg, rollout, learner, forward) -> dict:
     import torch
 
     from hpcrl.agents.async_rl.learner import AsyncLearner
+    from hpcrl.agents.async_rl.rollout import flat_batch
+    from hpcrl.rl.networks import scaled_channels_last
     from hpcrl.rl.reuse import ActivationRecorder, RecordedActivations
 
     rerun = AsyncLearner(learner.net, learner.target, cfg.replace(learner_reuse_acting=False))
@@ -111,7 +120,14 @@ def _acting_variants(net, cfg, rollout, learner, forward) -> dict:
         act()
         learner.gradient(rollout, None, RecordedActivations(recorder.stop()))
 
-    return {"act_rerun": act_rerun, "act_reuse": act_reuse}
+    batch = torch.from_numpy(flat_batch(rollout.s_tm1))
+
+    def input_layout_change():
+        batch.contiguous(memory_format=torch.channels_last).float().mul_(1.0 / 255.0)
+
+    return {"act_rerun": act_rerun, "act_reuse": act_reuse,
+            "input_layout_change": input_layout_change,
+            "input_per_channel": lambda: scaled_channels_last(batch)}
 
 
 def bench_value_gradient(blocks: int = 7, reps: int = 20) -> dict:

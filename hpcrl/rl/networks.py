@@ -53,6 +53,25 @@ def scale_input(x: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
+def scaled_channels_last(x: torch.Tensor) -> torch.Tensor:
+    """An image batch [B, C, H, W] as ``scale_input`` makes it, in channels-last memory (the
+    layout oneDNN's convolutions run fastest on this CPU, docs/performance.md).
+
+    uint8 frames go through one strided copy per channel into a float [B, H, W, C] buffer and
+    one in-place scaling, the same values as ``scale_input(x)``: for a stack of C = 4 frames
+    torch's general layout change (``contiguous(memory_format=channels_last)``) of the uint8
+    or the float batch costs about twice as much.
+    """
+    if x.dtype != torch.uint8:
+        return scale_input(x).contiguous(memory_format=torch.channels_last)
+    b, c, h, w = x.shape
+    out = torch.empty((b, h, w, c), dtype=torch.float32)
+    pixels_out, pixels_in = out.view(b, h * w, c), x.reshape(b, c, h * w)
+    for channel in range(c):
+        pixels_out[:, :, channel] = pixels_in[:, channel]
+    return out.permute(0, 3, 1, 2).mul_(1.0 / 255.0)
+
+
 def _torso(torso: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """``torso(x)``, under CPU autocast to ``dtype`` if given, the output back in float32."""
     if dtype is None:

@@ -30,7 +30,7 @@ from hpcrl.core import LearnerStats
 from hpcrl.rl.gaussian import a3c_gaussian_loss
 from hpcrl.rl.losses import a3c_loss, bootstrap_returns, dqn_loss, rollout_cuts, td_error, \
     value_targets
-from hpcrl.rl.networks import reset_lstm_state, scale_input
+from hpcrl.rl.networks import reset_lstm_state, scaled_channels_last
 from hpcrl.rl.reuse import RecordedActivations, reusable_torso, torso_backward
 from hpcrl.runtime.params.layout import ParamLayout
 
@@ -91,10 +91,10 @@ def bootstrap_mask(rollout: Rollout) -> np.ndarray:
 
 
 def gradient_batch(rollout: Rollout) -> torch.Tensor:
-    """The rollout's s_tm1 as one [T * N, ...] batch, images in channels-last memory
-    (oneDNN's faster convolution layout on this CPU, docs/performance.md)."""
+    """The rollout's s_tm1 as one [T * N, ...] batch, images scaled to float in channels-last
+    memory (oneDNN's faster convolution layout on this CPU, docs/performance.md)."""
     x = torch.from_numpy(flat_batch(rollout.s_tm1))
-    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+    return scaled_channels_last(x) if x.dim() == 4 else x
 
 
 @torch.no_grad()
@@ -259,7 +259,7 @@ class AsyncLearner:
         self.net.zero_grad(set_to_none=True)
         loss.backward()
         if acts is not None:
-            x = scale_input(gradient_batch(rollout))
+            x = gradient_batch(rollout)
             torso_backward(self.net.torso, x, acts.outs, self._hidden.grad)
         grad = self.layout.grad_pieces(self.net)
         norm = clip_by_global_norm(grad, self.cfg.grad_clip_norm)

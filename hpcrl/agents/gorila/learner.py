@@ -13,7 +13,7 @@ import torch
 from hpcrl.config import Config
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.rl.losses import dqn_loss, q_learning_td
-from hpcrl.rl.networks import q_values
+from hpcrl.rl.networks import q_values, scaled_channels_last
 from hpcrl.rl.policies import LossOutlierFilter
 from hpcrl.runtime.params.layout import ParamLayout
 
@@ -52,8 +52,7 @@ class GorilaLearner:
         elif s_tm1.ndim == 4:
             # channels-last images: oneDNN's convolutions run them faster on CPU (measured by
             # ``python -m hpcrl.bench learner``); the weights stay in the flat vector's layout
-            s_tm1 = s_tm1.contiguous(memory_format=torch.channels_last)
-            s_t = s_t.contiguous(memory_format=torch.channels_last)
+            s_tm1, s_t = scaled_channels_last(s_tm1), scaled_channels_last(s_t)
         q_tm1 = q_values(self.net, s_tm1, self.torso_dtype)
         with torch.no_grad():
             q_t = q_values(self.target, s_t, self.torso_dtype)
