@@ -84,18 +84,37 @@ def mpiexec_path() -> str:
     return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
+# Open MPI's launcher sometimes fails to start its PMIx server before any rank runs (a known
+# intermittent launch failure of Open MPI on CI machines, e.g. lfortran/lfortran#8610): the
+# job never started, so the launch is retried; nothing a rank does can print this.
+LAUNCHER_FAILURES = ("The PMIx server's listener thread failed to start",)
+LAUNCH_ATTEMPTS = 3
+
+
+def launcher_failed(proc: subprocess.CompletedProcess) -> bool:
+    """Whether the launcher itself failed before starting the job (see LAUNCHER_FAILURES)."""
+    return proc.returncode != 0 and any(m in (proc.stdout or "") + (proc.stderr or "")
+                                        for m in LAUNCHER_FAILURES)
+
+
 def run_mpi(n: int, args: list[str], timeout: float = 120, cwd: Path | str = ROOT,
             env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """Run ``mpiexec -n n python ARGS``; returns (completed process, wall seconds).
+    """Run ``mpiexec -n n python ARGS``; returns (completed process, wall seconds of the
+    launch that ran the job).
 
-    A hang is a failure: the whole process group is killed at ``timeout``.
+    A hang is a failure: the whole process group is killed at ``timeout``. A launch that the
+    launcher itself failed to start (:func:`launcher_failed`) is retried, up to
+    ``LAUNCH_ATTEMPTS`` launches in all.
     """
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    t0 = time.monotonic()
-    proc = subprocess.run([mpiexec_path(), "-n", str(n), sys.executable, *args], cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    for _ in range(LAUNCH_ATTEMPTS):
+        t0 = time.monotonic()
+        proc = subprocess.run([mpiexec_path(), "-n", str(n), sys.executable, *args], cwd=cwd,
+                              env=full_env, capture_output=True, text=True, timeout=timeout)
+        if not launcher_failed(proc):
+            break
     return proc, time.monotonic() - t0
 
 
