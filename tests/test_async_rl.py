@@ -406,6 +406,47 @@ def test_one_pass_outputs_on_frames_equal_unroll_plus_bootstrap():
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5 * np.abs(grads[1]).max())
 
 
+@pytest.mark.parametrize("n_env", [1, 3])
+def test_the_lstm_unroll_on_frames_equals_the_net_stepped_one_state_at_a_time(n_env):
+    """A3C LSTM's unroll passes a rollout's frames through the torso in one batch and steps
+    only the LSTM: logits, values, the states after each step and the gradient equal the
+    network called step by step on each state (from state0, zeroed after episode ends)."""
+    torch.manual_seed(0)
+    net = build_actor_critic((4, 84, 84), 6, lstm=True, init="orthogonal",
+                             lstm_init="orthogonal")
+    rng = np.random.default_rng(5)
+    T = 5
+    s_tm1 = rng.integers(0, 256, (T, n_env, 4, 84, 84), dtype=np.uint8)
+    end = np.zeros((T, n_env), bool)
+    end[1, 0] = True                                  # env 0's episode ends at step 1
+    state0 = tuple(torch.from_numpy(rng.normal(size=(n_env, 256)).astype(np.float32))
+                   for _ in range(2))
+    rollout = Rollout(s_tm1, rng.integers(0, 6, (T, n_env)), np.ones((T, n_env), np.float32),
+                      np.ones((T, n_env), np.float32), end, s_tm1, state0=state0)
+    logits, values, after = unroll_actor_critic(net, rollout)
+    ref_logits, ref_values, ref_after, state = [], [], [], state0
+    for i in range(T):                                # the acting loop's calls
+        lg, v, state = net(torch.from_numpy(s_tm1[i]), state)
+        ref_logits.append(lg)
+        ref_values.append(v)
+        ref_after.append(state)
+        state = tuple(torch.where(torch.from_numpy(end[i])[:, None], 0.0, x) for x in state)
+    ref_logits, ref_values = torch.stack(ref_logits), torch.stack(ref_values)
+    close = dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits.detach().numpy(), ref_logits.detach().numpy(), **close)
+    np.testing.assert_allclose(values.detach().numpy(), ref_values.detach().numpy(), **close)
+    for (h, c), (ref_h, ref_c) in zip(after, ref_after):
+        np.testing.assert_allclose(h.detach().numpy(), ref_h.detach().numpy(), **close)
+        np.testing.assert_allclose(c.detach().numpy(), ref_c.detach().numpy(), **close)
+    grads = []
+    for lg, v in ((logits, values), (ref_logits, ref_values)):
+        net.zero_grad()
+        (lg.logsumexp(-1).sum() + v.square().sum()).backward()
+        grads.append(np.concatenate([p.grad.numpy().ravel() for p in net.parameters()]))
+    assert np.abs(grads[1]).max() > 0
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5 * np.abs(grads[1]).max())
+
+
 def test_n_step_q_gradient_on_frames_equals_algorithm_s2_step_by_step():
     """n-step Q's fast path (the target network only on the states that bootstrap, a
     channels-last batch) against Algorithm S2 written out per environment and step: returns

@@ -382,6 +382,19 @@ def test_bench_gradient_prints_its_ratios(algo, name, reference, variants):
                                               abs=2e-3)
 
 
+def test_bench_gradient_a3c_lstm_prints_its_ratio():
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.bench", "gradient", "--algo", "a3c_lstm",
+                           "--blocks", "2", "--reps", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "gradient_a3c_lstm" and result["states"] == 5  # 5 steps x 1 env
+    for k in ("learner", "step_by_step", "act"):
+        assert result[f"{k}_ms"] == pytest.approx(np.median(result["runs_ms"][k]), abs=0.01)
+    assert result["learner_over_reference"] == pytest.approx(
+        result["learner_ms"] / result["step_by_step_ms"], abs=2e-3)
+
+
 @pytest.mark.mpi
 def test_bench_scaling_prints_json():
     """A short `bench scaling` (two real A3C Pong jobs of a few seconds each): the JSON contract

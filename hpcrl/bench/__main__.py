@@ -25,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("scaling", help="A3C frames/s with 1 and 2 actor-learners", add_help=False)
     sub.add_parser("checkpoint", help="one bundle's checkpoint write/read, Pong replay",
                    add_help=False)
-    grad = sub.add_parser("gradient", help="the A3C (or n-step Q) rollout gradient against "
+    grad = sub.add_parser("gradient", help="the A3C (n-step Q, A3C LSTM) rollout gradient against "
                           "its variants")
-    grad.add_argument("--algo", choices=("a3c", "n_step_q"), default="a3c")
+    grad.add_argument("--algo", choices=("a3c", "n_step_q", "a3c_lstm"), default="a3c")
     grad.add_argument("--blocks", type=int, default=7)
     grad.add_argument("--reps", type=int, default=20)
     args, rest = p.parse_known_args(argv)
@@ -37,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = bench_ps(args.floats, args.reps, args.idle_s, args.optimizer)
     elif args.what == "gradient":
-        from hpcrl.bench.gradient import bench_gradient, bench_value_gradient
+        from hpcrl.bench import gradient
 
-        result = (bench_gradient(args.blocks, args.reps) if args.algo == "a3c"
-                  else bench_value_gradient(args.blocks, args.reps))
+        bench = {"a3c": gradient.bench_gradient, "n_step_q": gradient.bench_value_gradient,
+                 "a3c_lstm": gradient.bench_lstm_gradient}[args.algo]
+        result = bench(args.blocks, args.reps)
     else:
         from hpcrl.bench import agents
 

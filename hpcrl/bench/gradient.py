@@ -31,6 +31,12 @@ by :func:`hpcrl.rl.networks.scaled_channels_last` (``input_per_channel``, the le
 and rollout): ``learner`` (the production path: the target network only on the states that
 bootstrap, a channels-last batch) against ``all_states_nchw`` (the target network on every
 s_t, an NCHW batch: the previous path).
+
+``--algo a3c_lstm`` (:func:`bench_lstm_gradient`, ``configs/a3c_lstm_paper.toml``'s network and
+rollout: one environment, t_max states): ``learner`` (the production gradient: the rollout's
+frames through the torso in one batch, the LSTM stepped) against ``step_by_step`` (the network
+called on each state in turn, as it acts: the previous path), and ``act`` (the t_max acting
+forwards) beside them; ``learner_over_reference`` divides the first two.
 """
 
 from __future__ import annotations
@@ -215,3 +221,53 @@ def bench_gradient(blocks: int = 7, reps: int = 20) -> dict:
                 **_acting_variants(net, cfg, rollout, learner, lambda s: net(s, None))}
     times = _time(variants, blocks, reps)
     return _summary("gradient", T * N, blocks, reps, times, "bootstrap_in_batch")
+
+
+def bench_lstm_gradient(blocks: int = 7, reps: int = 20) -> dict:
+    import torch
+
+    from hpcrl.agents.async_rl.learner import AsyncLearner
+    from hpcrl.config import load_config
+    from hpcrl.rl.losses import a3c_loss, bootstrap_returns, rollout_cuts
+    from hpcrl.rl.networks import build_network
+
+    torch.set_num_threads(1)
+    cfg = load_config("configs/a3c_lstm_paper.toml", [])
+    rollout = _rollout(cfg, cfg.t_max)
+    T, N = rollout.a_tm1.shape
+    net = build_network(cfg, rollout.s_tm1.shape[2:], 6)
+    state0 = net.initial_state(N)
+    rollout = rollout._replace(state0=state0)
+    learner = AsyncLearner(net, None, cfg)
+    steps = [torch.from_numpy(s) for s in rollout.s_tm1]
+    cuts = rollout_cuts(rollout.end_t)
+    acts = torch.from_numpy(rollout.a_tm1)
+
+    def step_by_step():
+        logits, values, state = [], [], state0
+        for s in steps:
+            lg, v, state = net(s, state)
+            logits.append(lg)
+            values.append(v)
+        with torch.no_grad():
+            v_t = np.zeros((T, N), np.float32)
+            v_t[-1] = net(torch.from_numpy(rollout.s_t[-1]), state)[1].numpy()
+        returns = bootstrap_returns(rollout.r_t, rollout.discount_t, cuts, v_t, cfg.gamma)
+        loss = a3c_loss(torch.stack(logits), torch.stack(values), acts,
+                        torch.from_numpy(returns), cfg.entropy_beta, cfg.value_coef)["total"] / N
+        net.zero_grad(set_to_none=True)
+        loss.backward()
+
+    def act():
+        with torch.no_grad():
+            state = state0
+            for s in steps:
+                state = net(s, state)[2]
+
+    times = _time({"learner": lambda: learner.gradient(rollout), "step_by_step": step_by_step,
+                   "act": act}, blocks, reps)
+    ms = {k: float(np.median(v)) for k, v in times.items()}
+    return {"bench": "gradient_a3c_lstm", "states": T * N, "blocks": blocks, "reps": reps,
+            **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+            "learner_over_reference": round(ms["learner"] / ms["step_by_step"], 3),
+            "runs_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}

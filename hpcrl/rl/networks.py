@@ -204,7 +204,22 @@ class _ActorCritic(nn.Module):
         Returns:
             logits [B, num_actions] (policy = softmax(logits)), value [B], next state.
         """
-        x = _torso(self.torso, scale_input(obs), torso_dtype)
+        return self.recurrent_heads(self.features(obs, torso_dtype), state)
+
+    #: The torso reads each observation alone (no state, no running statistics), so a
+    #: rollout's observations may pass it in one batch before the LSTM steps through them
+    #: (`features`, then `recurrent_heads` per step): the same outputs as `forward` per step.
+    batched_torso = True
+
+    def features(self, obs: torch.Tensor, torso_dtype: torch.dtype | None = None
+                 ) -> torch.Tensor:
+        """The torso's output [B, torso_dim] for observations [B, ...] (any batch)."""
+        return _torso(self.torso, scale_input(obs), torso_dtype)
+
+    def recurrent_heads(self, x: torch.Tensor, state: LSTMState | None
+                        ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
+        """One step of the LSTM (if any) from torso features x [B, torso_dim], then the heads:
+        (logits, value, next state), as `forward`."""
         if self.lstm is not None:
             if state is None:
                 state = self.initial_state(x.shape[0])
@@ -250,6 +265,8 @@ class MLPGaussianActorCritic(_ActorCritic):
     with one shared layer, the value loss's gradient, which grows with the task's reward scale,
     steers the features the policy reads. Feed-forward only.
     """
+
+    batched_torso = False       # forward normalises observations and splits the output
 
     def __init__(self, obs_dim: int, action_dim: int, lstm: bool = False, hidden: int = 200,
                  std: str = "softplus", min_var: float = 1e-4, lstm_size: int = 128,

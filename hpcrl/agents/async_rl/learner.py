@@ -63,7 +63,11 @@ def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
 
     The LSTM state starts at ``rollout.state0`` and is zeroed after every episode end, exactly
     where the acting loop zeroed it, so the outputs equal those seen while acting (for the same
-    parameters).
+    parameters). Where the torso reads each observation alone (``net.batched_torso``), all
+    T * N observations pass it in one batch (channels-last for images) and only the LSTM and
+    the heads step through the rollout: for one environment per actor-learner (the paper's
+    layout) that replaces T batch-1 convolution forwards and backwards, about half of the
+    step-by-step unroll's time (docs/performance.md).
 
     Returns:
         logits [T, N, A], values [T, N], and the state after each step before any reset (a list
@@ -74,10 +78,15 @@ def unroll_actor_critic(net: torch.nn.Module, rollout: Rollout):
         # feed-forward: one batched pass over all T * N states (one backward graph, not T)
         lg, v, _ = net(torch.from_numpy(flat_batch(rollout.s_tm1)), None)
         return lg.reshape(T, N, -1), v.reshape(T, N), [None] * T
+    if getattr(net, "batched_torso", False):
+        x = net.features(gradient_batch(rollout)).reshape(T, N, -1)
+        step = lambda i, state: net.recurrent_heads(x[i], state)       # noqa: E731
+    else:
+        step = lambda i, state: net(torch.from_numpy(rollout.s_tm1[i]), state)  # noqa: E731
     state = rollout.state0
     logits, values, after = [], [], []
-    for i in range(rollout.s_tm1.shape[0]):
-        lg, v, state = net(torch.from_numpy(rollout.s_tm1[i]), state)
+    for i in range(T):
+        lg, v, state = step(i, state)
         logits.append(lg)
         values.append(v)
         after.append(state)
