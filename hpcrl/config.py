@@ -267,6 +267,12 @@ class Config:
                                 "this many GB, naming the rank and where it is: a rank that "
                                 "grows without bound drives its node into swap, where the job "
                                 "crawls on and no watchdog fires; 0 = off", lo=0.0)
+    memory_floor_gb: float = _f(1.0, "abort the job when a node's free memory (MemAvailable, or "
+                                "what its cgroup still allows) falls below this many GB, "
+                                "naming the job's rank there that holds the most above its "
+                                "estimate: ranks that each stay under memory_guard_gb can "
+                                "together run the node out of memory, where the kernel's OOM "
+                                "killer ends a rank without a word; 0 = off", lo=0.0)
     checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
                                         "ranks) a checkpoint generation may take before it "
                                         "counts as hung: a generation has watchdog_s + its "

@@ -17,6 +17,7 @@ is handed in by the command line. ps and replay ranks never import torch.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ from hpcrl.runtime import hooks, sizing, watchdog
 from hpcrl.runtime.client import run_client
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.coord import STOP_FAILED, STOP_SIGNAL, Coordinator
+from hpcrl.runtime.node_guard import NodeGuard, Peer
 from hpcrl.runtime.exits import EXIT_BUSY, EXIT_CHECKPOINT, EXIT_FAILURE, EXIT_REQUEUE, abort_job
 from hpcrl.runtime.params.server import load_shard_state
 from hpcrl.runtime.params.store import ParameterStore, StoreSpec
@@ -85,23 +87,25 @@ def initial_network(cfg: Config) -> tuple[np.ndarray, list[int], list[str]]:
 
 def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_params: int,
               memory_available: float | None = None
-              ) -> tuple[list[str] | None, float, float]:
+              ) -> tuple[list[str] | None, float, float, list[Peer]]:
     """Collective. Rank 0 prints the memory each node and the disk the checkpoints need
     (:mod:`hpcrl.runtime.sizing`) and, with ``cfg.preflight``, refuses a job that does not
     fit: the same one-line ConfigError on every rank. Returns every rank's host on rank 0 (None
-    elsewhere) and, on every rank, the bytes of one checkpoint generation and the memory this
-    rank is estimated to need (the memory guard's base).
+    elsewhere) and, on every rank, the bytes of one checkpoint generation, the memory this
+    rank is estimated to need (the memory guard's base) and the job's ranks on this rank's
+    node (the node memory guard's table).
 
     ``memory_available``: this node's free memory as measured before the rank imported torch
     (the sizing counts torch's share of each client itself); measured now if None."""
     free = sizing.memory_available() if memory_available is None else memory_available
-    mine = (socket.gethostname(), free)
+    mine = (socket.gethostname(), free, os.getpid())
     gathered = comm.gather(mine, root=0)
-    error, hosts, generation_bytes, rank_bytes = None, None, 0.0, None
+    error, hosts, generation_bytes, rank_bytes, where = None, None, 0.0, None, None
     if comm.Get_rank() == 0:
         from hpcrl.envs import env_spec
 
-        hosts = [h for h, _ in gathered]
+        hosts = [h for h, _, _ in gathered]
+        where = [(h, pid) for h, _, pid in gathered]
         totals = sizing.summary(cfg, layout, env_spec(cfg)[0], n_params, hosts)
         generation_bytes = float(totals["generation_bytes"])
         rank_bytes = totals["rank_memory"]
@@ -109,13 +113,16 @@ def preflight(comm: MPI.Comm, cfg: Config, layout: Layout, run_dir: Path, n_para
             print(f"[hpcrl] {line}", flush=True)
         if cfg.preflight:
             quota = quota_headroom(run_dir) if cfg.checkpoint_quota_check else None
-            error = sizing.check(cfg, totals, run_dir, dict(gathered),
+            error = sizing.check(cfg, totals, run_dir, {h: f for h, f, _ in gathered},
                                  sizing.free_disk_bytes(run_dir, quota))
-    error, generation_bytes, rank_bytes = comm.bcast((error, generation_bytes, rank_bytes),
-                                                     root=0)
+    error, generation_bytes, rank_bytes, where = comm.bcast(
+        (error, generation_bytes, rank_bytes, where), root=0)
     if error:
         raise ConfigError(error)
-    return hosts, generation_bytes, rank_bytes[comm.Get_rank()]
+    roles = layout.role_names()
+    peers = [Peer(r, roles[r], pid, rank_bytes[r]) for r, (host, pid) in enumerate(where)
+             if host == mine[0]]
+    return hosts, generation_bytes, rank_bytes[comm.Get_rank()], peers
 
 
 def count_params(cfg: Config) -> int:
@@ -181,7 +188,7 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
     check_metrics(comm, run_dir, found, reset_metrics)
     if rank == 0:
         announce_start(found, layout)
-    hosts, generation_bytes, memory_need = preflight(comm, cfg, layout, run_dir, n_params,
+    hosts, generation_bytes, memory_need, peers = preflight(comm, cfg, layout, run_dir, n_params,
                                                      memory_free)
     origin = (provenance(MPI.Get_library_version().splitlines()[0].strip(), hosts)
               if rank == 0 else None)
@@ -217,6 +224,8 @@ def _run_in(comm: MPI.Comm, cfg: Config, layout: Layout, make_worker: WorkerFact
                   memory_need + cfg.memory_guard_gb * sizing.GB if cfg.memory_guard_gb else None)
     del state                   # the context hands it over (Context.hand_over_state)
     watchdog.start(cfg.watchdog_s, rank, role.value, lambda: abort_job(comm, EXIT_FAILURE))
+    watchdog.guard_node(NodeGuard(rank, cfg.memory_floor_gb * sizing.GB, peers)
+                        if cfg.memory_floor_gb else None)
     hooks.after_startup(rank)
     if role == Role.PS:
         ctx.hand_over_state(None)               # the shard's state is in place already

@@ -10,7 +10,9 @@ The same thread bounds the rank's memory (``memory_bound``, from the pre-flight 
 ``memory_guard_gb``). A rank whose memory runs away does not stop beating: the node swaps and
 every rank on it crawls on at a few frames a second, for hours, with no error anywhere. Past
 the bound the rank reports its anonymous resident memory, the largest arrays and tensors it
-holds and the main thread's stack, and aborts the job the same way.
+holds and the main thread's stack, and aborts the job the same way. It also watches the node
+(:mod:`hpcrl.runtime.node_guard`, ``memory_floor_gb``): ranks that each stay under their bound
+can together run the node out of memory.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import threading
 import time
 import traceback
 import warnings
+
+from hpcrl.runtime.node_guard import NodeGuard, anonymous_resident_bytes
 
 
 #: This rank's watchdog (set by :func:`start`); :func:`beat` is a no-op without one.
@@ -65,17 +69,13 @@ def bound_memory(bound: float | None) -> None:
         CURRENT.memory_bound = bound
 
 
-def anonymous_resident_bytes() -> float | None:
-    """This process's anonymous resident memory (``RssAnon``: heap, arrays, tensors; not its
-    mapped files or the MPI windows it shares with other ranks), or None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+def guard_node(guard: NodeGuard | None) -> None:
+    """From now on, also watch this rank's node (:mod:`hpcrl.runtime.node_guard`; None: do
+    not). Every rank arms it as its watchdog starts, so that the rank whose memory takes the
+    node short is watching when it does; a resumed rank's second copy of its state (see
+    :func:`bound_memory`) is memory the node must hold all the same."""
+    if CURRENT is not None:
+        CURRENT.node_guard = guard
 
 
 def largest_buffers(n: int = 5) -> list[tuple[float, str]]:
@@ -124,6 +124,7 @@ class Watchdog:
     def __init__(self, timeout_s: float, rank: int, role: str, abort):
         self.timeout_s, self.rank, self.role, self.abort = timeout_s, rank, role, abort
         self.memory_bound: float | None = None      # bytes; set by :func:`bound_memory`
+        self.node_guard: NodeGuard | None = None    # set by :func:`guard_node`
         self.last = time.monotonic()
         self.grace_s = 0.0                  # a longer bound while inside :func:`allow`
         self._main = threading.main_thread().ident
@@ -148,14 +149,18 @@ class Watchdog:
                 self._report_memory(held, bound)
                 self.abort()
                 return
+            found = self.node_guard.check(time.monotonic()) if self.node_guard else None
+            if found is not None:
+                self._report_node(*found)
+                self.abort()
+                return
 
     def _stack(self) -> str:
         frame = sys._current_frames().get(self._main)
         return "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
 
     def _report_memory(self, held: float, bound: float) -> None:
-        largest = ("".join(f"  {b / 1e9:.2f} GB  {what}\n" for b, what in largest_buffers())
-                   or "  (none found)\n")
+        largest = self._largest()
         sys.stderr.write(f"hpcrl: memory guard: rank {self.rank} ({self.role}) on host "
                          f"{socket.gethostname()} holds {held / 1e9:.2f} GB of anonymous "
                          f"memory, over its bound of {bound / 1e9:.2f} GB (its "
@@ -164,6 +169,18 @@ class Watchdog:
                          f"off). Largest arrays and tensors:\n{largest}"
                          f"Main thread here:\n{self._stack()}")
         sys.stderr.flush()
+
+    def _report_node(self, message: str, culprit: bool) -> None:
+        sys.stderr.write(message)           # at once: finding the largest buffers takes a while
+        sys.stderr.flush()
+        if culprit:
+            sys.stderr.write(f"Largest arrays and tensors of rank {self.rank}:\n"
+                             f"{self._largest()}Main thread here:\n{self._stack()}")
+            sys.stderr.flush()
+
+    def _largest(self) -> str:
+        return ("".join(f"  {b / 1e9:.2f} GB  {what}\n" for b, what in largest_buffers())
+                or "  (none found)\n")
 
     def _report(self, idle: float) -> None:
         stack = self._stack()
