@@ -203,6 +203,42 @@ def test_fused_kernel_at_every_alignment(offset, n):
     assert (out_buf[:offset] == 7).all() and (out_buf[offset + n:] == 7).all()   # no overrun
 
 
+@pytest.mark.parametrize("offset", range(4))
+@pytest.mark.parametrize("n", [1, 7, 1003])
+def test_fused_momentum_at_every_alignment(offset, n):
+    """The momentum loop on views at any float offset: numpy's float32 numbers, nothing
+    written outside the view; sizes that differ are refused."""
+    from hpcrl.runtime.params import _kernels
+
+    rng = np.random.default_rng(n + offset)
+    theta, g, m = rng.normal(size=(3, n)).astype(np.float32)
+    out_buf = np.full(n + 8, 7.0, np.float32)
+    out = out_buf[offset:offset + n]
+    expect_m = np.float32(0.9) * m + np.float32(0.1) * g
+    expect = theta - np.float32(0.01) * expect_m
+    _kernels.momentum_step(theta, g, m, out, 0.9, 0.01)
+    np.testing.assert_allclose(m, expect_m, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-7)
+    assert (out_buf[:offset] == 7).all() and (out_buf[offset + n:] == 7).all()
+    with pytest.raises(ValueError, match="differ in size"):
+        _kernels.momentum_step(theta, g, m[:-1] if n > 1 else m[:0], out, 0.9, 0.01)
+
+
+def test_momentum_never_stores_denormals(path):
+    """A unit without gradient decays its m by the momentum per step into the denormal range:
+    below FLT_MIN (1.18e-38) it is stored as 0, on both paths, whatever its sign."""
+    opt = ShardOptimizer("momentum", 4, 2, momentum=0.5)
+    bits = opt.statistics_for(1).view(np.uint32)
+    bits[:] = [0x00800000, 0x80800000, 0x0DA24260, 0]   # +-FLT_MIN, 1e-30, 0
+    grad = np.zeros(4, np.float32)
+    out = np.empty(4, np.float32)
+    opt.step(np.ones(4, np.float32), grad, out, 0.5, 1)
+    np.testing.assert_array_equal(bits[[0, 1, 3]], 0)       # 0.5 FLT_MIN: denormal -> 0
+    assert opt.statistics_for(1)[2] == pytest.approx(0.5e-30, rel=1e-6)
+    np.testing.assert_array_equal(opt.statistics_for(0), 0)   # the other client's m untouched
+    np.testing.assert_array_equal(out, 1.0)
+
+
 def _steps_from(opt, theta, grads, first, lr):
     """Steps t = first, first + 1, ... with grads[t - 1], alternating clients as the tests'
     own loops do; returns the final parameters."""

@@ -1,4 +1,5 @@
-/* Fused parameter-server update rules (optional C extension; hpcrl.optim falls back to numpy).
+/* Fused parameter-server update rules (optional C extension; hpcrl.optim falls back to numpy):
+ * AdaGrad, RMSProp and SGD with momentum.
  *
  * The numpy form of an AdaGrad / RMSProp step makes 8-9 passes over the shard (g*g, scale,
  * accumulate, +eps, sqrt, divide, *lr, subtract), each writing a temporary. Here it is one pass
@@ -146,6 +147,50 @@ static PyObject *adagrad_step(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* momentum_step(theta_in, grad, m, theta_out, momentum, lr): one fused step of SGD with
+ * momentum (Mnih et al. 2016, S7), m being one client's own float32 buffer:
+ *   m = momentum * m + (1 - momentum) * g;  theta_out = theta_in - lr * m
+ * Five numpy passes over the shard in one; |m| below FLT_MIN is stored as 0 (a dead unit's m
+ * decays by the momentum per step into the denormal range, as RMSProp's statistic does). */
+static PyObject *momentum_step(PyObject *self, PyObject *args) {
+    PyObject *o_in, *o_g, *o_m, *o_out;
+    float mom, lr;
+    if (!PyArg_ParseTuple(args, "OOOOff", &o_in, &o_g, &o_m, &o_out, &mom, &lr))
+        return NULL;
+    Py_buffer b[4];
+    if (get_four(o_in, o_g, o_m, o_out, b, "f", "float32") < 0) return NULL;
+    Py_ssize_t n = b[0].len / 4;
+    PyObject *result = NULL;
+    if (b[1].len / 4 != n || b[2].len / 4 != n || b[3].len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "theta_in, grad, m and theta_out differ in size");
+    } else {
+        const float *restrict th = (const float *)b[0].buf;
+        const float *restrict g = (const float *)b[1].buf;
+        float *restrict m = (float *)b[2].buf;
+        float *restrict out = (float *)b[3].buf;
+        const float keep = mom, take = 1.0f - mom;
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HPCRL_MXCSR
+        const unsigned int csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040);               /* FTZ (bit 15) | DAZ (bit 6) */
+#endif
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float mi = keep * m[i] + take * g[i];
+            mi = fabsf(mi) < FLT_MIN ? 0.0f : mi;
+            m[i] = mi;
+            out[i] = th[i] - lr * mi;
+        }
+#ifdef HPCRL_MXCSR
+        _mm_setcsr(csr);
+#endif
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    release_four(b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scaled_step", scaled_step, METH_VARARGS,
      "scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad): one fused "
@@ -153,6 +198,9 @@ static PyMethodDef methods[] = {
     {"adagrad_step", adagrad_step, METH_VARARGS,
      "adagrad_step(theta_in, grad, acc, theta_out, eps, lr): one fused AdaGrad step, float32 "
      "parameters and gradient, float64 accumulator."},
+    {"momentum_step", momentum_step, METH_VARARGS,
+     "momentum_step(theta_in, grad, m, theta_out, momentum, lr): one fused step of SGD with "
+     "momentum over float32 buffers of one size."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",

@@ -71,7 +71,8 @@ except ImportError:          # pragma: no cover - depends on the install
 
 
 def fused_available() -> bool:
-    """Whether AdaGrad/RMSProp steps run as one fused C pass (HPCRL_NO_KERNELS=1 turns it off)."""
+    """Whether AdaGrad, RMSProp and momentum steps run as one fused C pass (HPCRL_NO_KERNELS=1
+    turns it off)."""
     return _kernels is not None and not os.environ.get("HPCRL_NO_KERNELS")
 
 KINDS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client")
@@ -183,9 +184,14 @@ class ShardOptimizer:
             np.multiply(grad, np.float32(lr), out=tmp)
         elif self.kind == "momentum":
             m = self.state["m"][client]
+            if self.fused:
+                _kernels.momentum_step(theta_in, grad, m, theta_out, self.momentum, lr)
+                return
             m *= np.float32(self.momentum)
             np.multiply(grad, np.float32(1.0 - self.momentum), out=tmp)
             m += tmp
+            # |m| below FLT_MIN is stored as 0, as in the C kernel (see _kernels.c)
+            np.putmask(m, np.abs(m) < np.finfo(np.float32).tiny, np.float32(0.0))
             np.multiply(m, np.float32(lr), out=tmp)
         elif self.kind == "adagrad":
             self._adagrad_step(theta_in, grad, theta_out, lr, eps)
