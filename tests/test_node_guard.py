@@ -29,24 +29,47 @@ def test_cgroup_headroom_counts_inactive_page_cache_as_free():
     assert node_guard.cgroup_headroom(8e9, 6e9, 1e9) == 3e9
 
 
+def test_the_rank_s_cgroups_are_read_from_proc_self_cgroup_innermost_first(tmp_path):
+    v1 = "5:devices:/\n4:memory:/slurm/uid_0/job_7/step_0\n0::/\n"
+    (tmp_path / "v1").write_text(v1)
+    root = tmp_path / "cg"
+    assert node_guard.cgroup_dirs(root, tmp_path / "v1") == [
+        (root / "memory/slurm/uid_0/job_7/step_0", False), (root / "memory/slurm/uid_0/job_7", False),
+        (root / "memory/slurm/uid_0", False), (root / "memory/slurm", False), (root / "memory", False)]
+    (tmp_path / "v2").write_text("0::/system.slice/job_7\n")
+    assert node_guard.cgroup_dirs(root, tmp_path / "v2") == [
+        (root / "system.slice/job_7", True), (root / "system.slice", True), (root, True)]
+    assert node_guard.cgroup_dirs(root, tmp_path / "missing") == []
+
+
 @pytest.mark.parametrize("files, expected", [
     ({}, (6_144_000_000.0, "MemAvailable")),                              # no cgroup files
-    ({"memory.max": "max\n", "memory.current": "100\n"},                  # v2, no limit
-     (6_144_000_000.0, "MemAvailable")),
-    ({"memory.max": "4000000000\n", "memory.current": "3000000000\n",     # v2: 4 - 3 + 0.5 GB
-      "memory.stat": "anon 2000000000\ninactive_file 500000000\n"},
-     (1.5e9, "the cgroup's limit")),
-    ({"memory/memory.limit_in_bytes": "9223372036854771712\n",            # v1, no limit
-      "memory/memory.usage_in_bytes": "100\n"}, (6_144_000_000.0, "MemAvailable")),
-    ({"memory/memory.limit_in_bytes": "5000000000\n",                     # v1: 5 - 4.5 + 0.7
-      "memory/memory.usage_in_bytes": "4500000000\n",
-      "memory/memory.stat": "inactive_file 1\ntotal_inactive_file 700000000\n"},
-     (1.2e9, "the cgroup's limit")),
+    ({"job/memory.max": "max\n", "job/memory.current": "100\n",          # v2, no limit
+      "memory.max": "max\n", "memory.current": "100\n"}, (6_144_000_000.0, "MemAvailable")),
+    ({"job/memory.max": "4000000000\n", "job/memory.current": "3000000000\n",  # 4 - 3 + 0.5
+      "job/memory.stat": "anon 2000000000\ninactive_file 500000000\n"},
+     (1.5e9, "the cgroup job's limit")),
+    ({"job/memory.max": "4000000000\n", "job/memory.current": "1000000000\n",  # 3 GB, but
+      "memory.max": "2000000000\n", "memory.current": "1500000000\n"},         # above: 0.5
+     (0.5e9, "the cgroup cg's limit")),
 ])
-def test_node_headroom_is_the_smaller_of_memavailable_and_the_cgroups(tmp_path, files, expected):
+def test_node_headroom_is_the_smallest_of_memavailable_and_the_cgroups(tmp_path, files, expected):
     write(tmp_path / "cg", files)
     (tmp_path / "meminfo").write_text(MEMINFO)
-    assert node_headroom(tmp_path / "cg", tmp_path / "meminfo") == pytest.approx(expected)
+    cgroups = [(tmp_path / "cg/job", True), (tmp_path / "cg", True)]
+    assert node_headroom(cgroups, tmp_path / "meminfo") == pytest.approx(expected)
+
+
+def test_node_headroom_reads_cgroup_v1_files(tmp_path):
+    write(tmp_path / "memory/job", {"memory.limit_in_bytes": "5000000000\n",   # 5 - 4.5 + 0.7
+                                    "memory.usage_in_bytes": "4500000000\n",
+                                    "memory.stat": "inactive_file 1\ntotal_inactive_file 700000000\n"})
+    write(tmp_path / "memory", {"memory.limit_in_bytes": "9223372036854771712\n",   # no limit
+                                "memory.usage_in_bytes": "100\n"})
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    cgroups = [(tmp_path / "memory/job", False), (tmp_path / "memory", False)]
+    assert node_headroom(cgroups, tmp_path / "meminfo") == pytest.approx(
+        (1.2e9, "the cgroup job's limit"))
 
 
 def test_node_headroom_on_this_machine_is_below_its_memory():
@@ -61,6 +84,7 @@ def test_the_culprit_is_the_rank_most_above_its_estimate_not_the_largest():
     held = {0: 0.3 * GB, 1: 3.2 * GB, 2: 1.4 * GB}      # rank 3's memory could not be read
     assert culprit(held, peers) == 2                    # +1.1 GB, against +0.2 and +0.1
     assert culprit({}, peers) is None
+    assert culprit({0: 0.1 * GB, 1: 2.0 * GB}, peers) is None      # none above its estimate
     assert node_guard.table(held, peers) == "0 0.30, 1 3.20, 2 1.40"
 
 
@@ -77,7 +101,7 @@ def holder():
     proc.wait()
 
 
-def test_the_culprit_aborts_at_once_and_the_others_after_follow_s(holder):
+def test_the_culprit_aborts_at_its_second_reading_and_the_others_after_follow_s(holder):
     me = os.getpid()
     mine = node_guard.anonymous_resident_bytes(me)
     short = lambda: (0.5 * GB, "MemAvailable")             # noqa: E731 - below a 1 GB floor
@@ -85,20 +109,32 @@ def test_the_culprit_aborts_at_once_and_the_others_after_follow_s(holder):
     # The holder is 300 MB above an estimate of 0; this process is below its estimate.
     peers = [Peer(0, "ps", me, mine + GB), Peer(1, "actor-learner", holder, 0.0)]
     assert NodeGuard(1, GB, peers, roomy).check(0.0) is None
-    message, is_culprit = NodeGuard(1, GB, peers, short).check(0.0)      # the holder's view
+    holders = NodeGuard(1, GB, peers, short)
+    assert holders.check(0.0) is None                     # one reading is not a trend
+    message, is_culprit = holders.check(1.0)
     assert is_culprit
     assert message.startswith("hpcrl: node memory guard: host ")
     assert "has 0.50 GB of memory left (MemAvailable), under memory_floor_gb = 1;" in message
     assert "the most above its estimate is rank 1 (actor-learner) with 0.3" in message
-    follower = NodeGuard(0, GB, peers, short)                             # this process's
+    follower = NodeGuard(0, GB, peers, short)             # this process's view
     assert follower.check(100.0) is None
     assert follower.check(100.0 + FOLLOW_S - 0.5) is None
     message, is_culprit = follower.check(100.0 + FOLLOW_S)
     assert not is_culprit and "rank 1 (actor-learner)" in message
-    follower.headroom = roomy                                             # memory came back:
-    assert follower.check(200.0) is None                                  # the clock restarts
+    follower.headroom = roomy                             # memory came back:
+    assert follower.check(200.0) is None                  # the clock restarts
     follower.headroom = short
     assert follower.check(201.0) is None
+
+
+def test_memory_held_outside_the_job_aborts_after_follow_s_and_says_so():
+    me = os.getpid()
+    peers = [Peer(0, "ps", me, node_guard.anonymous_resident_bytes(me) + GB)]
+    guard = NodeGuard(0, GB, peers, lambda: (0.5 * GB, "MemAvailable"))
+    assert guard.check(0.0) is None and guard.check(1.0) is None
+    message, is_culprit = guard.check(FOLLOW_S)
+    assert not is_culprit
+    assert "none is above its estimate: the memory is held outside the job" in message
 
 
 @pytest.mark.mpi

@@ -206,20 +206,21 @@ def test_fused_kernel_at_every_alignment(offset, n):
 @pytest.mark.parametrize("offset", range(4))
 @pytest.mark.parametrize("n", [1, 7, 1003])
 def test_fused_momentum_at_every_alignment(offset, n):
-    """The momentum loop on views at any float offset: numpy's float32 numbers, nothing
-    written outside the view; sizes that differ are refused."""
+    """The momentum loop on views that all start at any float offset: the numpy fallback's
+    float32 numbers (1 - momentum rounded as numpy rounds it), nothing written outside the
+    views; sizes that differ are refused."""
     from hpcrl.runtime.params import _kernels
 
     rng = np.random.default_rng(n + offset)
-    theta, g, m = rng.normal(size=(3, n)).astype(np.float32)
-    out_buf = np.full(n + 8, 7.0, np.float32)
-    out = out_buf[offset:offset + n]
-    expect_m = np.float32(0.9) * m + np.float32(0.1) * g
+    bufs = rng.normal(size=(4, n + 8)).astype(np.float32)
+    bufs[3] = 7.0
+    theta, g, m, out = (b[offset:offset + n] for b in bufs)
+    expect_m = np.float32(0.9) * m + np.float32(1.0 - 0.9) * g
     expect = theta - np.float32(0.01) * expect_m
     _kernels.momentum_step(theta, g, m, out, 0.9, 0.01)
     np.testing.assert_allclose(m, expect_m, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-7)
-    assert (out_buf[:offset] == 7).all() and (out_buf[offset + n:] == 7).all()
+    assert (bufs[3, :offset] == 7).all() and (bufs[3, offset + n:] == 7).all()
     with pytest.raises(ValueError, match="differ in size"):
         _kernels.momentum_step(theta, g, m[:-1] if n > 1 else m[:0], out, 0.9, 0.01)
 

@@ -160,18 +160,21 @@ def memory_available() -> tuple[float, str] | None:
 def check(cfg: Config, totals: dict, run_dir: Path,
           available: dict[str, tuple[float, str] | None],
           free_disk: tuple[float, str] | None) -> str | None:
-    """The one-line refusal, or None when the job fits: each host's memory against what that
-    host allows (``available``, from :func:`memory_available` on that host), the checkpoint
+    """The one-line refusal, or None when the job fits: each host's memory, plus the
+    ``memory_floor_gb`` that the node memory guard keeps free, against what that host allows (``available``, from :func:`memory_available` on that host), the checkpoint
     generations against ``free_disk`` (:func:`free_disk_bytes`)."""
+    floor = cfg.memory_floor_gb * GB          # the node memory guard keeps this free
     for host, need in totals["memory"].items():
         avail = available.get(host)
-        if avail is not None and need > avail[0]:
+        if avail is not None and need + floor > avail[0]:
             parts = totals["memory_parts"][host]
             detail = " + ".join(f"{k} {v / GB:.2f} GB" for k, v in parts.items() if v)
-            return (f"the job needs {need / GB:.1f} GB of memory on {host} ({detail}), and "
-                    f"{avail[1]} allows {avail[0] / GB:.1f} GB: lower replay_capacity "
-                    "(--set replay_capacity=N), use fewer ranks per node, or --set "
-                    "preflight=false to start anyway")
+            kept = (f" and keeps memory_floor_gb = {cfg.memory_floor_gb:g} GB free"
+                    if floor else "")
+            return (f"the job needs {need / GB:.1f} GB of memory on {host} ({detail}){kept}, "
+                    f"and {avail[1]} allows {avail[0] / GB:.1f} GB: lower replay_capacity "
+                    "(--set replay_capacity=N), use fewer ranks per node, lower "
+                    "memory_floor_gb, or --set preflight=false to start anyway")
     if free_disk is not None and totals["disk_bytes"] > free_disk[0]:
         return (f"the checkpoints need {totals['disk_bytes'] / GB:.1f} GB "
                 f"(checkpoint_keep {cfg.checkpoint_keep} + 1 generations x "

@@ -149,7 +149,7 @@ class Watchdog:
                 self._report_memory(held, bound)
                 self.abort()
                 return
-            found = self.node_guard.check(time.monotonic()) if self.node_guard else None
+            found = self._check_node()
             if found is not None:
                 self._report_node(*found)
                 self.abort()
@@ -169,6 +169,19 @@ class Watchdog:
                          f"off). Largest arrays and tensors:\n{largest}"
                          f"Main thread here:\n{self._stack()}")
         sys.stderr.flush()
+
+    def _check_node(self) -> tuple[str, bool] | None:
+        """The node guard's verdict; an error inside it turns the node guard off (with one
+        line) instead of ending this thread, which also watches for hangs."""
+        if self.node_guard is None:
+            return None
+        try:
+            return self.node_guard.check(time.monotonic())
+        except Exception as e:  # noqa: BLE001 - the hang watchdog must go on
+            self.node_guard = None
+            sys.stderr.write(f"hpcrl: warning: rank {self.rank}: node memory guard off after "
+                             f"an error reading the node's memory: {e!r}\n")
+            return None
 
     def _report_node(self, message: str, culprit: bool) -> None:
         sys.stderr.write(message)           # at once: finding the largest buffers takes a while

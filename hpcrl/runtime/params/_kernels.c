@@ -66,9 +66,10 @@ static void release_four(Py_buffer *b) {
 /* scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad) */
 static PyObject *scaled_step(PyObject *self, PyObject *args) {
     PyObject *o_in, *o_g, *o_acc, *o_out;
-    float decay, eps, lr;
+    double decay;
+    float eps, lr;
     int adagrad;
-    if (!PyArg_ParseTuple(args, "OOOOfffp", &o_in, &o_g, &o_acc, &o_out, &decay, &eps, &lr,
+    if (!PyArg_ParseTuple(args, "OOOOdffp", &o_in, &o_g, &o_acc, &o_out, &decay, &eps, &lr,
                           &adagrad))
         return NULL;
     Py_buffer b[4];
@@ -83,7 +84,8 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
         const float *restrict g = (const float *)b_g.buf;
         float *restrict acc = (float *)b_acc.buf;
         float *restrict out = (float *)b_out.buf;
-        const float a = adagrad ? 1.0f : decay, b = adagrad ? 1.0f : 1.0f - decay;
+        /* 1 - decay in double, then rounded, as numpy's float32(1.0 - decay) */
+        const float a = adagrad ? 1.0f : (float)decay, b = adagrad ? 1.0f : (float)(1.0 - decay);
         Py_BEGIN_ALLOW_THREADS
 #ifdef HPCRL_MXCSR
         const unsigned int csr = _mm_getcsr();
@@ -154,8 +156,9 @@ static PyObject *adagrad_step(PyObject *self, PyObject *args) {
  * decays by the momentum per step into the denormal range, as RMSProp's statistic does). */
 static PyObject *momentum_step(PyObject *self, PyObject *args) {
     PyObject *o_in, *o_g, *o_m, *o_out;
-    float mom, lr;
-    if (!PyArg_ParseTuple(args, "OOOOff", &o_in, &o_g, &o_m, &o_out, &mom, &lr))
+    double mom;
+    float lr;
+    if (!PyArg_ParseTuple(args, "OOOOdf", &o_in, &o_g, &o_m, &o_out, &mom, &lr))
         return NULL;
     Py_buffer b[4];
     if (get_four(o_in, o_g, o_m, o_out, b, "f", "float32") < 0) return NULL;
@@ -168,7 +171,8 @@ static PyObject *momentum_step(PyObject *self, PyObject *args) {
         const float *restrict g = (const float *)b[1].buf;
         float *restrict m = (float *)b[2].buf;
         float *restrict out = (float *)b[3].buf;
-        const float keep = mom, take = 1.0f - mom;
+        /* 1 - momentum in double, then rounded, as numpy's float32(1.0 - momentum) */
+        const float keep = (float)mom, take = (float)(1.0 - mom);
         Py_BEGIN_ALLOW_THREADS
 #ifdef HPCRL_MXCSR
         const unsigned int csr = _mm_getcsr();
