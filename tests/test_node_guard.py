@@ -164,3 +164,18 @@ def test_ranks_under_their_own_bounds_that_run_the_node_short_are_stopped(tmp_pa
                           *sets], timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "memory guard" not in proc.stderr
+
+
+def test_an_error_inside_the_node_guard_turns_it_off_not_the_watchdog(capsys):
+    from hpcrl.runtime.watchdog import Watchdog
+
+    def broken():
+        raise OSError("injected: /proc/meminfo unreadable")
+
+    dog = Watchdog(3600.0, 5, "actor-learner", abort=lambda: None)
+    dog.node_guard = NodeGuard(5, GB, [], broken)
+    assert dog._check_node() is None
+    assert dog.node_guard is None and dog._thread.is_alive()
+    err = capsys.readouterr().err
+    assert "hpcrl: warning: rank 5: node memory guard off after an error" in err
+    assert "injected: /proc/meminfo unreadable" in err
