@@ -115,3 +115,21 @@ def test_anonymous_resident_memory_and_largest_buffers_see_a_new_array():
     after = anonymous_resident_bytes()
     assert 0.95 * held.nbytes < after - before < 1.2 * held.nbytes
     assert largest_buffers(1) == [(3e8, "ndarray uint8 (300000000,)")]
+
+
+def test_the_memory_reports_list_python_allocations_by_line_only_under_tracemalloc():
+    import tracemalloc
+
+    from hpcrl.runtime.watchdog import python_allocations
+
+    assert not tracemalloc.is_tracing() and python_allocations() == ""
+    tracemalloc.start()
+    try:
+        held = [bytes(1000) for _ in range(20_000)]          # 20 MB from this line
+        text = python_allocations(3)
+    finally:
+        tracemalloc.stop()
+    assert text.startswith("Python allocations by line (tracemalloc, ")
+    first = text.splitlines()[1]
+    assert "in 2000" in first and "test_sizing.py" in first, text   # 20,00x blocks, this file
+    assert len(held) == 20_000

@@ -91,6 +91,20 @@ def largest_buffers(n: int = 5) -> list[tuple[float, str]]:
     return sorted(found, key=lambda t: -t[0])[:n]
 
 
+def python_allocations(n: int = 8) -> str:
+    """Where Python's own allocations are, by line, when the rank runs under ``tracemalloc``
+    (``PYTHONTRACEMALLOC=1`` or ``-X tracemalloc``; slow, for chasing a leak); else ""."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return ""
+    top = tracemalloc.take_snapshot().statistics("lineno")[:n]
+    traced, _ = tracemalloc.get_traced_memory()
+    return (f"Python allocations by line (tracemalloc, {traced / 1e9:.2f} GB traced):\n"
+            + "".join(f"  {st.size / 1e9:.3f} GB in {st.count} blocks  {st.traceback[0]}\n"
+                      for st in top))
+
+
 def _describe(obj) -> list[tuple[float, str]]:
     """``[(bytes, description)]`` for a numpy array or torch tensor, else ``[]``."""
     kind = type(obj).__name__
@@ -193,7 +207,7 @@ class Watchdog:
 
     def _largest(self) -> str:
         return ("".join(f"  {b / 1e9:.2f} GB  {what}\n" for b, what in largest_buffers())
-                or "  (none found)\n")
+                or "  (none found)\n") + python_allocations()
 
     def _report(self, idle: float) -> None:
         stack = self._stack()
