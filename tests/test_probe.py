@@ -27,7 +27,7 @@ def test_units_off_and_cell_saturation_by_hand():
     assert s["forget_mean"] == pytest.approx(0.8375) and s["forget_open"] == 0.5
 
 
-def _run_dir(tmp_path, lstm: bool, layer_norm: bool = False):
+def _run_dir(tmp_path, lstm: bool, layer_norm: bool = False, statistic: str = "opt/v"):
     """A3C CartPole run directory whose one checkpoint holds weights set by hand: every torso
     weight and bias 0 (each ReLU's input is 0: no unit ever active); for the LSTM, zero
     weights, input, forget and cell gates saturated open (biases 30: sigmoid = tanh = 1 in
@@ -50,7 +50,7 @@ def _run_dir(tmp_path, lstm: bool, layer_norm: bool = False):
     flat = ParamLayout.from_module(net).to_flat(net)
     root = run / "checkpoints"
     files = [ckpt.write_state(ckpt.rank_file(root, 1, 0),
-                              {"params": flat, "opt/v": np.ones_like(flat)}),
+                              {"params": flat, statistic: np.ones_like(flat)}),
              ckpt.write_state(ckpt.rank_file(root, 1, 1), {"rng": np.zeros(2)})]
     ckpt.write_manifest(root, 1, files, {"roles": ["ps", "actor-learner"], "frames": 777,
                                          "n_params": flat.size})
@@ -66,6 +66,18 @@ def test_probe_finds_every_unit_off_in_a_zeroed_torso(tmp_path, capsys):
     assert "lstm" not in probe
     assert main([str(run), "--probe", "20"]) == 0
     assert "    torso.2    100.0 %" in capsys.readouterr().out
+
+
+def test_probe_runs_where_the_ps_keeps_no_statistic(tmp_path, capsys):
+    """SGD with momentum at the ps keeps m, not RMSProp's v: the statistics table cannot be
+    made, the probe still runs (and says why the table is missing)."""
+    run = _run_dir(tmp_path, lstm=False, statistic="opt/m")
+    assert main([str(run)]) == 1
+    assert "keeps no per-parameter statistic" in capsys.readouterr().err
+    assert main([str(run), "--probe", "20", "--probe-envs", "3", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["probe"]["units_off"] == {"torso.0": 1.0, "torso.2": 1.0}
+    assert "the probe follows" in err
 
 
 def test_probe_of_an_lstm_whose_cell_counts_the_steps(tmp_path, capsys):

@@ -210,7 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.probe < 0 or args.probe_envs < 1:
         p.error("--probe takes agent steps >= 0 and --probe-envs environments >= 1")
     try:
-        report = diagnose_run(args.run_dir)
+        try:
+            report = diagnose_run(args.run_dir)
+        except DiagnoseError as exc:       # SGD or momentum at the ps: the probe still reads
+            if not args.probe:
+                raise
+            print(f"hpcrl.diagnose: {exc}; the probe follows", file=sys.stderr)
+            report = {}
         if args.probe:
             from hpcrl.tools.probe import probe_run
 
@@ -221,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(report) + "\n")
         return 0
-    sys.stdout.write(format_text(report))
+    if "tensors" in report:
+        sys.stdout.write(format_text(report))
     if "probe" in report:
         from hpcrl.tools.probe import format_probe
 
