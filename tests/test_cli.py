@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.util import ROOT, mpiexec_path, rank_pid, run_mpi, signal_tree, \
-    wait_until_ranks_played, wait_until_reported
+    start_mpi, wait_until_ranks_played, wait_until_reported
 
 
 def test_dry_run_130_paper_layout():
@@ -175,8 +175,7 @@ def test_a_frozen_rank_during_a_checkpoint_is_named(tmp_path):
     cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcrl.run", "--config",
            "configs/a3c_cartpole.toml", "--set", f"run_dir={tmp_path}/r", "--set",
            "total_frames=100000000", "--set", "watchdog_s=10", "--set", "log_every_s=0.5"]
-    with open(tmp_path / "out.log", "w") as out, open(tmp_path / "err.log", "w") as err:
-        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+    job = start_mpi(cmd, env, tmp_path / "err.log", tmp_path / "out.log")
     try:
         wait_until_ranks_played(job, tmp_path / "r", {1, 2})
         os.kill(rank_pid(job.pid, 2), signal.SIGSTOP)
@@ -211,8 +210,7 @@ def test_a_frozen_parameter_server_is_named_by_its_clients(tmp_path):
     cmd = [mpiexec_path(), "-n", "4", sys.executable, "-m", "hpcrl.run", "--config",
            "configs/a3c_cartpole.toml", "--set", f"run_dir={tmp_path}/r", "--set",
            "total_frames=100000000", "--set", "log_every_s=0.5", *sets]
-    with open(tmp_path / "err.log", "w") as err:
-        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    job = start_mpi(cmd, env, tmp_path / "err.log")
     try:
         wait_until_reported(job, tmp_path / "r")
         os.kill(rank_pid(job.pid, frozen), signal.SIGSTOP)
@@ -284,8 +282,7 @@ def test_checkpoint_on_demand_through_a_request_file(tmp_path):
     cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "hpcrl.run", "--config",
            "configs/a3c_cartpole.toml", "--set", f"run_dir={run_dir}", "--set",
            "total_frames=100000000", "--set", "log_every_s=0.5"]
-    with open(tmp_path / "out.log", "w") as out:
-        job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    job = start_mpi(cmd, env, tmp_path / "out.log", tmp_path / "out.log")
     try:
         wait_until_ranks_played(job, run_dir, {1, 2})
         assert not list(run_dir.glob("checkpoints/gen-*"))

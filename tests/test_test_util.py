@@ -36,3 +36,27 @@ def test_a_failed_job_is_not_retried_and_retries_end(monkeypatch):
     calls = _fake_runs(monkeypatch, [_done(213, err=pmix)] * util.LAUNCH_ATTEMPTS)
     proc, _ = util.run_mpi(2, ["-c", "pass"])
     assert proc.returncode == 213 and len(calls) == util.LAUNCH_ATTEMPTS
+
+
+def test_a_background_launch_the_launcher_failed_to_start_is_retried(tmp_path):
+    """start_mpi with a stand-in launcher that fails as Open MPI's does on its first launch
+    (the PMIx line, status 213, within a second) and runs on the second."""
+    count = tmp_path / "launches"
+    fake = tmp_path / "fake_mpiexec.sh"
+    fake.write_text(
+        "#!/bin/bash\necho x >> " + str(count) + "\n"
+        "if [ $(wc -l < " + str(count) + ") -eq 1 ]; then\n"
+        "  echo \"The PMIx server's listener thread failed to start. We cannot\" >&2; exit 213\n"
+        "fi\necho running; sleep 30\n")
+    fake.chmod(0o755)
+    job = util.start_mpi([str(fake)], {}, tmp_path / "err.log", tmp_path / "out.log")
+    try:
+        assert job.poll() is None                          # the second launch runs
+        assert count.read_text().count("x") == 2
+    finally:
+        job.kill()
+        job.wait()
+    count.unlink()
+    fake.write_text("#!/bin/bash\necho x >> " + str(count) + "\necho boom >&2; exit 1\n")
+    job = util.start_mpi([str(fake)], {}, tmp_path / "err.log")
+    assert job.returncode == 1 and count.read_text().count("x") == 1   # a failure: no retry

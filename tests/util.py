@@ -118,6 +118,38 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, cwd: Path | str = ROO
     return proc, time.monotonic() - t0
 
 
+#: Seconds after a launch within which the launcher fails, if it does (see LAUNCHER_FAILURES).
+LAUNCH_CHECK_S = 2.0
+
+
+def start_mpi(cmd: list[str], env: dict, err_path: Path,
+              out_path: Path | None = None) -> subprocess.Popen:
+    """Start ``cmd`` (an mpiexec command line) in the background, its stderr into ``err_path``
+    and its stdout into ``out_path`` (the same file when they are equal; discarded if None).
+    A launch that the launcher itself failed to start (a LAUNCHER_FAILURES line within
+    LAUNCH_CHECK_S) is retried, up to LAUNCH_ATTEMPTS launches in all, as :func:`run_mpi`
+    does for the jobs it runs to the end."""
+    for _ in range(LAUNCH_ATTEMPTS):
+        with open(err_path, "w") as err:
+            if out_path == err_path:
+                job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=err,
+                                       stderr=subprocess.STDOUT)
+            elif out_path is not None:
+                with open(out_path, "w") as out:
+                    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+            else:
+                job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                       stderr=err)
+        try:
+            job.wait(timeout=LAUNCH_CHECK_S)
+        except subprocess.TimeoutExpired:
+            return job                                   # running
+        text = Path(err_path).read_text(errors="replace")
+        if job.returncode == 0 or not any(m in text for m in LAUNCHER_FAILURES):
+            return job
+    return job
+
+
 def process_tree(pid: int) -> list[int]:
     """pid and all its descendants (hydra's proxy puts the ranks in their own process group)."""
     children = {}
