@@ -130,16 +130,14 @@ def start_mpi(cmd: list[str], env: dict, err_path: Path,
     LAUNCH_CHECK_S) is retried, up to LAUNCH_ATTEMPTS launches in all, as :func:`run_mpi`
     does for the jobs it runs to the end."""
     for _ in range(LAUNCH_ATTEMPTS):
-        with open(err_path, "w") as err:
-            if out_path == err_path:
-                job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=err,
-                                       stderr=subprocess.STDOUT)
-            elif out_path is not None:
-                with open(out_path, "w") as out:
-                    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+        with contextlib.ExitStack() as files:
+            err = files.enter_context(open(err_path, "w"))
+            if out_path == err_path:                     # one file: stderr joins stdout
+                out, err = err, subprocess.STDOUT
             else:
-                job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                       stderr=err)
+                out = (subprocess.DEVNULL if out_path is None
+                       else files.enter_context(open(out_path, "w")))
+            job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
         try:
             job.wait(timeout=LAUNCH_CHECK_S)
         except subprocess.TimeoutExpired:

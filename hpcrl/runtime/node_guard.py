@@ -112,15 +112,22 @@ def _cgroup_limits(directory: Path, v2: bool) -> tuple[float, float, float] | No
             _stat_value(_read(directory / "memory.stat") or "", key))
 
 
+def mem_available(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """The node's ``MemAvailable`` in bytes (free memory plus what the kernel can reclaim), or
+    None off Linux."""
+    for line in (_read(meminfo) or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return float(line.split()[1]) * 1024
+    return None
+
+
 def node_headroom(cgroups: list[tuple[Path, bool]] | None = None,
                   meminfo: Path = Path("/proc/meminfo")) -> tuple[float, str] | None:
     """``(bytes, where from)``: the memory this rank can still take, the smallest of the
     node's ``MemAvailable`` and the headroom (:func:`cgroup_headroom`) of each of its cgroups
     with a limit (``cgroups``: :func:`cgroup_dirs`, read now if None); None off Linux."""
-    found = []
-    for line in (_read(meminfo) or "").splitlines():
-        if line.startswith("MemAvailable:"):
-            found.append((float(line.split()[1]) * 1024, "MemAvailable"))
+    available = mem_available(meminfo)
+    found = [] if available is None else [(available, "MemAvailable")]
     for directory, v2 in (cgroup_dirs() if cgroups is None else cgroups):
         limits = _cgroup_limits(directory, v2)
         if limits is not None:

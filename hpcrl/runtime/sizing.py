@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcrl.config import Config
+from hpcrl.runtime.node_guard import mem_available
 from hpcrl.runtime.params.header import FLAGS
 from hpcrl.runtime.topology import Layout, Role
 
@@ -148,12 +149,9 @@ def memory_available() -> tuple[float, str] | None:
         if text.isdigit() and int(text) < 2 ** 60:
             found.append((float(text), "the cgroup limit"))
             break
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append((float(line.split()[1]) * 1024, "MemAvailable"))
-    except OSError:
-        pass
+    available = mem_available()
+    if available is not None:
+        found.append((available, "MemAvailable"))
     return min(found) if found else None
 
 
@@ -161,8 +159,9 @@ def check(cfg: Config, totals: dict, run_dir: Path,
           available: dict[str, tuple[float, str] | None],
           free_disk: tuple[float, str] | None) -> str | None:
     """The one-line refusal, or None when the job fits: each host's memory, plus the
-    ``memory_floor_gb`` that the node memory guard keeps free, against what that host allows (``available``, from :func:`memory_available` on that host), the checkpoint
-    generations against ``free_disk`` (:func:`free_disk_bytes`)."""
+    ``memory_floor_gb`` that the node memory guard keeps free, against what that host allows
+    (``available``, from :func:`memory_available` on that host), the checkpoint generations
+    against ``free_disk`` (:func:`free_disk_bytes`)."""
     floor = cfg.memory_floor_gb * GB          # the node memory guard keeps this free
     for host, need in totals["memory"].items():
         avail = available.get(host)

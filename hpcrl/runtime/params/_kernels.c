@@ -27,6 +27,15 @@
 #define HPCRL_MXCSR 1
 #endif
 
+/* Flush-to-zero (MXCSR bit 15) and denormals-are-zero (bit 6) for one loop, restored after. */
+#ifdef HPCRL_MXCSR
+#define FTZ_BEGIN const unsigned int saved_csr = _mm_getcsr(); _mm_setcsr(saved_csr | 0x8040);
+#define FTZ_END _mm_setcsr(saved_csr);
+#else
+#define FTZ_BEGIN
+#define FTZ_END
+#endif
+
 static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *name,
                    const char *format, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
@@ -87,10 +96,7 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
         /* 1 - decay in double, then rounded, as numpy's float32(1.0 - decay) */
         const float a = adagrad ? 1.0f : (float)decay, b = adagrad ? 1.0f : (float)(1.0 - decay);
         Py_BEGIN_ALLOW_THREADS
-#ifdef HPCRL_MXCSR
-        const unsigned int csr = _mm_getcsr();
-        _mm_setcsr(csr | 0x8040);               /* FTZ (bit 15) | DAZ (bit 6) */
-#endif
+        FTZ_BEGIN
         for (Py_ssize_t i = 0; i < n; i++) {
             float gi = g[i];
             float ai = a * acc[i] + b * (gi * gi);
@@ -98,9 +104,7 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
             acc[i] = ai;
             out[i] = th[i] - lr * (gi / sqrtf(ai + eps));
         }
-#ifdef HPCRL_MXCSR
-        _mm_setcsr(csr);
-#endif
+        FTZ_END
         Py_END_ALLOW_THREADS
         result = Py_None;
         Py_INCREF(result);
@@ -174,19 +178,14 @@ static PyObject *momentum_step(PyObject *self, PyObject *args) {
         /* 1 - momentum in double, then rounded, as numpy's float32(1.0 - momentum) */
         const float keep = (float)mom, take = (float)(1.0 - mom);
         Py_BEGIN_ALLOW_THREADS
-#ifdef HPCRL_MXCSR
-        const unsigned int csr = _mm_getcsr();
-        _mm_setcsr(csr | 0x8040);               /* FTZ (bit 15) | DAZ (bit 6) */
-#endif
+        FTZ_BEGIN
         for (Py_ssize_t i = 0; i < n; i++) {
             float mi = keep * m[i] + take * g[i];
             mi = fabsf(mi) < FLT_MIN ? 0.0f : mi;
             m[i] = mi;
             out[i] = th[i] - lr * mi;
         }
-#ifdef HPCRL_MXCSR
-        _mm_setcsr(csr);
-#endif
+        FTZ_END
         Py_END_ALLOW_THREADS
         result = Py_None;
         Py_INCREF(result);
