@@ -24,7 +24,8 @@ from typing import Any
 
 ALGOS = ("gorila", "one_step_q", "one_step_sarsa", "n_step_q", "a3c")
 MODES = ("bundled", "split")
-OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client")
+OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client",
+              "adam_shared")
 
 
 class ConfigError(ValueError):
@@ -90,7 +91,8 @@ class Config:
                                "from 0 (then anneals, with lr_anneal); not in the papers: the "
                                "first updates' large gradients move whole layers at once "
                                "(docs/experiments/a3c-lstm-pong.md); 0 = no warm-up", lo=0)
-    rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average", lo=0.0, hi=1.0)
+    rmsprop_decay: float = _f(0.99, "RMSProp decay of the squared-gradient average (adam_shared: "
+                              "Adam's beta2, 0.999 in Kingma & Ba 2015)", lo=0.0, hi=1.0)
     optim_eps: float = _f(0.1, "epsilon inside AdaGrad / RMSProp square roots (0 would divide "
                           "by 0 wherever a parameter had no gradient yet)", gt=0.0)
     adagrad_warmup_updates: int = _f(0, "adagrad: start G at this many times each network "
@@ -119,7 +121,8 @@ class Config:
                                 "every ~200 steps (decay 0.99) as v falls to g^2, a warm-up over "
                                 "the first thousands (not with rmsprop_bias_correction, which "
                                 "assumes 0)", lo=0.0)
-    momentum: float = _f(0.9, "momentum for optimizer = momentum", lo=0.0, hi=1.0)
+    momentum: float = _f(0.9, "momentum for optimizer = momentum (adam_shared: Adam's beta1, "
+                         "the first moment's decay)", lo=0.0, hi=1.0)
     max_staleness: int = _f(50, "ps drops gradients computed from parameters this many updates old",
                             lo=0)
     target_update_every: int = _f(10_000, "the target network is refreshed every this many "
@@ -377,7 +380,8 @@ def _cross_checks(cfg: Config, origin: str) -> None:
                           f"adagrad_rmsprop_updates > 0 only; set it or remove this key")
     if cfg.rmsprop_bias_correction and cfg.optimizer != "rmsprop_shared":
         raise ConfigError(f"{origin}: key 'rmsprop_bias_correction' applies to optimizer "
-                          f"'rmsprop_shared' only (got '{cfg.optimizer}'); remove it")
+                          f"'rmsprop_shared' only (got '{cfg.optimizer}'; adam_shared always "
+                          f"corrects); remove it")
     if cfg.rmsprop_initial and not cfg.optimizer.startswith("rmsprop"):
         raise ConfigError(f"{origin}: key 'rmsprop_initial' applies to the RMSProp optimizers "
                           f"only (got '{cfg.optimizer}'); remove it")

@@ -99,8 +99,10 @@ def test_rmsprop_bias_correction_applies_to_shared_rmsprop_only():
     cfg = load_config(None, ["optimizer=rmsprop_shared", "rmsprop_bias_correction=true"])
     assert cfg.rmsprop_bias_correction
     with pytest.raises(ConfigError, match=r"^config: key 'rmsprop_bias_correction' applies to "
-                                          r"optimizer 'rmsprop_shared' only \(got 'adagrad'\)"):
+                                          r"optimizer 'rmsprop_shared' only \(got 'adagrad'; "):
         load_config(None, ["rmsprop_bias_correction=true"])
+    with pytest.raises(ConfigError, match=r"adam_shared always corrects"):
+        load_config(None, ["optimizer=adam_shared", "rmsprop_bias_correction=true"])
 
 
 def test_rmsprop_initial_applies_to_rmsprop_without_bias_correction():

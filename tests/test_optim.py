@@ -420,3 +420,72 @@ def test_the_ps_hands_adagrad_rmsprop_updates_to_its_shard_optimizer():
     assert (opt.kind, opt.warmup_updates, opt.rmsprop_updates) == ("adagrad", 50000, 5000)
     assert opt.pieces == [2, 3] and opt.decay == cfg.rmsprop_decay
     assert opt.rmsprop_start == "parameter"
+
+
+def test_adam_by_hand(path):
+    # b1 0.9, b2 0.99, eps 0 (inside the root), lr 0.1, theta 1:
+    #   g = 2:  m = 0.2, v = 0.04; m^ = 0.2 / 0.1 = 2, v^ = 0.04 / 0.01 = 4; step 0.1 * 2 / 2 = 0.1
+    #   g = -1: m = 0.18 - 0.1 = 0.08, v = 0.0396 + 0.01 = 0.0496; m^ = 0.08 / 0.19,
+    #           v^ = 0.0496 / 0.0199; step 0.1 * 0.421053 / sqrt(2.492462) = 0.0266702
+    opt = ShardOptimizer("adam_shared", 1, 2, decay=0.99, momentum=0.9, eps=0.0)
+    a, b = np.array([1.0], np.float32), np.empty(1, np.float32)
+    opt.step(a, np.array([2.0], np.float32), b, 0.1, 0)
+    assert b[0] == pytest.approx(0.9, rel=1e-6)
+    opt.step(b, np.array([-1.0], np.float32), a, 0.1, 1)     # the other client: shared moments
+    assert a[0] == pytest.approx(0.9 - 0.1 * (0.08 / 0.19) / np.sqrt(0.0496 / 0.0199), rel=1e-6)
+    assert opt.state["m"][0] == pytest.approx(0.08, rel=1e-6) and int(opt.state["t"]) == 2
+    assert opt.statistics_for(0) is opt.statistics_for(1) is opt.state["v"]
+
+
+def test_adam_resumes_exactly(path):
+    """A step after get_state / set_state into a fresh optimiser (a checkpoint's round trip)
+    equals the step the first one takes: the moments and the count t travel together."""
+    rng = np.random.default_rng(5)
+    theta = rng.normal(size=9).astype(np.float32)
+    grads = [rng.normal(size=9).astype(np.float32) for _ in range(6)]
+    whole = ShardOptimizer("adam_shared", 9, 2, decay=0.999, momentum=0.9, eps=1e-8)
+    end = _steps_from(whole, theta, grads, 1, 0.01)
+    first = ShardOptimizer("adam_shared", 9, 2, decay=0.999, momentum=0.9, eps=1e-8)
+    mid = _steps_from(first, theta, grads[:3], 1, 0.01)
+    resumed = ShardOptimizer("adam_shared", 9, 2, decay=0.999, momentum=0.9, eps=1e-8)
+    resumed.set_state(first.get_state())
+    np.testing.assert_array_equal(_steps_from(resumed, mid, grads, 4, 0.01), end)
+
+
+def test_adam_never_stores_denormals(path):
+    """m and v of a unit without gradient decay into the denormal range: stored as 0 below
+    FLT_MIN, on both paths."""
+    opt = ShardOptimizer("adam_shared", 4, 1, decay=0.5, momentum=0.5, eps=0.1)
+    m_bits, v_bits = opt.state["m"].view(np.uint32), opt.state["v"].view(np.uint32)
+    m_bits[:] = [0x00800000, 0x80800000, 0x0DA24260, 0]   # +-FLT_MIN, 1e-30, 0
+    v_bits[:] = [0x00800000, 0x00800000, 0x0DA24260, 0]
+    out = np.empty(4, np.float32)
+    opt.step(np.ones(4, np.float32), np.zeros(4, np.float32), out, 0.5, 0)
+    np.testing.assert_array_equal(m_bits[[0, 1, 3]], 0)
+    np.testing.assert_array_equal(v_bits[[0, 1, 3]], 0)
+    assert opt.state["m"][2] == pytest.approx(0.5e-30, rel=1e-6)
+    assert opt.state["v"][2] == pytest.approx(0.5e-30, rel=1e-6)
+
+
+@pytest.mark.parametrize("offset", range(4))
+@pytest.mark.parametrize("n", [1, 7, 1003])
+def test_fused_adam_at_every_alignment(offset, n):
+    """The Adam loop on views at any float offset: the numpy fallback's float32 numbers,
+    nothing written outside the views; sizes that differ are refused."""
+    from hpcrl.runtime.params import _kernels
+
+    rng = np.random.default_rng(n + offset)
+    bufs = rng.normal(size=(5, n + 8)).astype(np.float32)
+    bufs[3] = np.abs(bufs[3])
+    bufs[4] = 7.0
+    theta, g, m, v, out = (b[offset:offset + n] for b in bufs)
+    expect_m = np.float32(0.9) * m + np.float32(1.0 - 0.9) * g
+    expect_v = np.float32(0.999) * v + np.float32(1.0 - 0.999) * (g * g)
+    expect = theta - np.float32(0.01) * (expect_m / np.sqrt(expect_v + np.float32(1e-3)))
+    _kernels.adam_step(theta, g, m, v, out, 0.9, 0.999, 1e-3, 0.01)
+    np.testing.assert_allclose(m, expect_m, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(v, expect_v, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-7)
+    assert (bufs[4, :offset] == 7).all() and (bufs[4, offset + n:] == 7).all()
+    with pytest.raises(ValueError, match="differ in size"):
+        _kernels.adam_step(theta, g, m, v[:-1] if n > 1 else v[:0], out, 0.9, 0.999, 1e-3, 0.01)

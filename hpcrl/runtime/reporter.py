@@ -66,7 +66,7 @@ HEALTH_AFTER_UPDATES = 100
 #: ln of the smallest normal float32 (1.2e-38): the ps kernel flushes smaller values to 0
 _LN_TINY = 87.3
 #: optimisers whose statistic is 0 exactly where no gradient arrives (RMSProp's v, AdaGrad's G)
-STATISTIC_OPTIMIZERS = ("rmsprop_shared", "rmsprop_per_client", "adagrad")
+STATISTIC_OPTIMIZERS = ("rmsprop_shared", "rmsprop_per_client", "adagrad", "adam_shared")
 
 
 def dead_warn_after_updates(cfg: Config) -> int:

@@ -59,7 +59,8 @@ def _optimizer_floats(cfg: Config, shard: int, n_clients: int) -> float:
     """Optimiser state in float32-equivalents (AdaGrad: the float64 accumulator counts 2, its
     float32 warm start 1)."""
     return {"sgd": 0, "adagrad": 3 * shard, "rmsprop_shared": shard,
-            "rmsprop_per_client": shard * n_clients, "momentum": shard * n_clients}[cfg.optimizer]
+            "rmsprop_per_client": shard * n_clients, "momentum": shard * n_clients,
+            "adam_shared": 2 * shard}[cfg.optimizer]
 
 
 def rank_needs(cfg: Config, layout: Layout, obs_shape: tuple[int, ...], n_params: int

@@ -41,7 +41,7 @@ import numpy as np
 from hpcrl.io import checkpoint as ckpt
 from hpcrl.tools import runfiles
 
-STATISTICS = ("G", "v")  # AdaGrad, RMSProp (shared or per client)
+STATISTICS = ("G", "v")  # AdaGrad, RMSProp (shared or per client) and Adam's second moment
 WHAT_ZERO_MEANS = {"v": "no gradient for thousands of updates", "G": "never a gradient"}
 
 

@@ -172,7 +172,8 @@ def check_staleness(n_ps: int) -> None:
 def check_optimizers(n_ps: int) -> None:
     """Every optimiser through the store, clients taking turns, against the numpy reference."""
     n, rounds, lr, decay, eps, mom = 257, 4, 0.05, 0.9, 0.01, 0.8
-    for kind in ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client"):
+    for kind in ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client",
+                 "adam_shared"):
         store = make_store(n, n_ps)
         ncl = store.spec.n_clients
         rng = np.random.default_rng(123)

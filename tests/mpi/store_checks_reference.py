@@ -9,6 +9,7 @@ def reference_updates(kind: str, theta0: np.ndarray, grads: list[tuple[int, np.n
     theta = theta0.astype(np.float64)
     acc = {c: np.zeros_like(theta) for c in range(n_clients)}   # per-client state
     shared = np.zeros_like(theta)                                # shared state
+    first, t = np.zeros_like(theta), 0                           # Adam's m and step count
     for client, g in grads:
         g = g.astype(np.float64)
         if kind == "sgd":
@@ -25,4 +26,10 @@ def reference_updates(kind: str, theta0: np.ndarray, grads: list[tuple[int, np.n
         elif kind == "rmsprop_per_client":
             acc[client] = decay * acc[client] + (1 - decay) * g * g
             theta = theta - lr * g / np.sqrt(acc[client] + eps)
+        elif kind == "adam_shared":     # Kingma & Ba: bias-corrected moments; eps inside the root
+            t += 1
+            first = mom * first + (1 - mom) * g
+            shared = decay * shared + (1 - decay) * g * g
+            m_hat, v_hat = first / (1 - mom ** t), shared / (1 - decay ** t)
+            theta = theta - lr * m_hat / np.sqrt(v_hat + eps)
     return theta

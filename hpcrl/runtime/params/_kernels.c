@@ -1,5 +1,5 @@
 /* Fused parameter-server update rules (optional C extension; hpcrl.optim falls back to numpy):
- * AdaGrad, RMSProp and SGD with momentum.
+ * AdaGrad, RMSProp, SGD with momentum and Adam.
  *
  * The numpy form of an AdaGrad / RMSProp step makes 8-9 passes over the shard (g*g, scale,
  * accumulate, +eps, sqrt, divide, *lr, subtract), each writing a temporary. Here it is one pass
@@ -194,6 +194,58 @@ static PyObject *momentum_step(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* adam_step(theta_in, grad, m, v, theta_out, beta1, beta2, eps, lr): one fused step of Adam
+ * (Kingma & Ba 2015) with both moments shared by every client, as the shared Adam that
+ * one-environment A3C reproductions run; the bias correction is folded into lr and eps by the
+ * caller (lr sqrt(c2) / c1, eps c2), eps inside the square root as for RMSProp:
+ *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g*g
+ *   theta_out = theta_in - lr * (m / sqrt(v + eps))
+ * |m| and v below FLT_MIN are stored as 0, as the other kernels' statistics. */
+static PyObject *adam_step(PyObject *self, PyObject *args) {
+    PyObject *o_in, *o_g, *o_m, *o_v, *o_out;
+    double beta1, beta2;
+    float eps, lr;
+    if (!PyArg_ParseTuple(args, "OOOOOddff", &o_in, &o_g, &o_m, &o_v, &o_out, &beta1, &beta2,
+                          &eps, &lr))
+        return NULL;
+    Py_buffer b[4], b_v;
+    if (get_four(o_in, o_g, o_m, o_out, b, "f", "float32") < 0) return NULL;
+    if (get_f32(o_v, &b_v, 1, "v") < 0) { release_four(b); return NULL; }
+    Py_ssize_t n = b[0].len / 4;
+    PyObject *result = NULL;
+    if (b[1].len / 4 != n || b[2].len / 4 != n || b_v.len / 4 != n || b[3].len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "theta_in, grad, m, v and theta_out differ in size");
+    } else {
+        const float *restrict th = (const float *)b[0].buf;
+        const float *restrict g = (const float *)b[1].buf;
+        float *restrict m = (float *)b[2].buf;
+        float *restrict v = (float *)b_v.buf;
+        float *restrict out = (float *)b[3].buf;
+        /* 1 - beta in double, then rounded, as numpy's float32(1.0 - beta) */
+        const float k1 = (float)beta1, t1 = (float)(1.0 - beta1);
+        const float k2 = (float)beta2, t2 = (float)(1.0 - beta2);
+        Py_BEGIN_ALLOW_THREADS
+        FTZ_BEGIN
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const float gi = g[i];
+            float mi = k1 * m[i] + t1 * gi;
+            mi = fabsf(mi) < FLT_MIN ? 0.0f : mi;
+            float vi = k2 * v[i] + t2 * (gi * gi);
+            vi = vi < FLT_MIN ? 0.0f : vi;
+            m[i] = mi;
+            v[i] = vi;
+            out[i] = th[i] - lr * (mi / sqrtf(vi + eps));
+        }
+        FTZ_END
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&b_v);
+    release_four(b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scaled_step", scaled_step, METH_VARARGS,
      "scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad): one fused "
@@ -204,6 +256,9 @@ static PyMethodDef methods[] = {
     {"momentum_step", momentum_step, METH_VARARGS,
      "momentum_step(theta_in, grad, m, theta_out, momentum, lr): one fused step of SGD with "
      "momentum over float32 buffers of one size."},
+    {"adam_step", adam_step, METH_VARARGS,
+     "adam_step(theta_in, grad, m, v, theta_out, beta1, beta2, eps, lr): one fused Adam step "
+     "over float32 buffers of one size (bias correction folded into lr and eps)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",

@@ -38,6 +38,14 @@ double-buffers its parameters (readers keep reading theta_in while theta_out is 
 * ``rmsprop_shared``: v = a v + (1 - a) g^2;  theta -= lr * g / sqrt(v + eps), one v for all
                   clients (Mnih et al. 2016 S7, "Shared RMSProp": the best variant).
 * ``rmsprop_per_client``: the same with one v per client ("RMSProp" without sharing).
+* ``adam_shared``: m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+                  theta -= lr m^ / sqrt(v^ + eps), m^ = m / (1 - b1^t), v^ = v / (1 - b2^t),
+                  both moments and the count t shared by all clients (Adam, Kingma & Ba 2015,
+                  as the shared Adam of public one-environment A3C reproductions, e.g.
+                  ikostrikov/pytorch-a3c; not in the papers). b1 is ``momentum``, b2 ``decay``;
+                  eps inside the square root as for RMSProp (PyTorch's eps e outside it is
+                  about eps = e^2 inside). Applied as lr sqrt(c2) / c1 m / sqrt(v + eps c2),
+                  c = 1 - b^t, the same rule with the correction folded into lr and eps.
 
 ``bias_correction`` (shared RMSProp only): divide v by 1 - a^t after t steps, as Adam corrects
 its second moment (Kingma & Ba 2015). v starts at 0, so without it the first steps are up to
@@ -75,7 +83,7 @@ def fused_available() -> bool:
     turns it off)."""
     return _kernels is not None and not os.environ.get("HPCRL_NO_KERNELS")
 
-KINDS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client")
+KINDS = ("sgd", "momentum", "adagrad", "rmsprop_shared", "rmsprop_per_client", "adam_shared")
 
 
 def tensor_pieces(tensor_sizes: Sequence[int], lo: int, hi: int) -> list[int]:
@@ -153,6 +161,10 @@ class ShardOptimizer:
                 self.state["t"] = np.zeros((), np.int64)      # steps taken by this shard
         elif kind == "rmsprop_per_client":
             self.state["v"] = np.full((n_clients, size), initial, np.float32)
+        elif kind == "adam_shared":
+            self.state["m"] = np.zeros(size, np.float32)
+            self.state["v"] = np.zeros(size, np.float32)
+            self.state["t"] = np.zeros((), np.int64)          # steps taken by this shard
 
     def statistic(self) -> np.ndarray | None:
         """RMSProp's v ([n] shared, [n_clients, n] per client) or AdaGrad's own G - G0 (its
@@ -166,7 +178,7 @@ class ShardOptimizer:
         return self.state.get("v")
 
     def statistics_for(self, client: int) -> np.ndarray | None:
-        """The array that scales client ``client``'s steps (None for plain SGD)."""
+        """The array that scales client ``client``'s steps (None for plain SGD; Adam's v)."""
         for name in ("G", "v", "m"):
             if name in self.state:
                 arr = self.state[name]
@@ -196,6 +208,9 @@ class ShardOptimizer:
         elif self.kind == "adagrad":
             self._adagrad_step(theta_in, grad, theta_out, lr, eps)
             return
+        elif self.kind == "adam_shared":
+            self._adam_step(theta_in, grad, theta_out, lr, eps)
+            return
         else:
             self._rmsprop_step(self.statistics_for(client), theta_in, grad, theta_out, lr, eps)
             return
@@ -207,6 +222,33 @@ class ShardOptimizer:
         count += 1
         c = 1.0 - self.decay ** int(count)
         return lr * c ** 0.5, eps * c
+
+    def _adam_step(self, theta_in: np.ndarray, grad: np.ndarray, theta_out: np.ndarray,
+                   lr: float, eps: float) -> None:
+        """One shared Adam step, the bias correction of step t folded into lr and eps."""
+        m, v, t = self.state["m"], self.state["v"], self.state["t"]
+        t += 1
+        b1, b2 = self.momentum, self.decay
+        c1, c2 = 1.0 - b1 ** int(t), 1.0 - b2 ** int(t)
+        lr, eps = lr * c2 ** 0.5 / c1, eps * c2
+        if self.fused:
+            _kernels.adam_step(theta_in, grad, m, v, theta_out, b1, b2, eps, lr)
+            return
+        tiny, tmp = np.finfo(np.float32).tiny, self._tmp
+        m *= np.float32(b1)
+        np.multiply(grad, np.float32(1.0 - b1), out=tmp)
+        m += tmp
+        np.putmask(m, np.abs(m) < tiny, np.float32(0.0))     # as the C kernel (see _kernels.c)
+        np.multiply(grad, grad, out=tmp)
+        v *= np.float32(b2)
+        tmp *= np.float32(1.0 - b2)
+        v += tmp
+        np.putmask(v, v < tiny, np.float32(0.0))
+        np.add(v, np.float32(eps), out=tmp)
+        np.sqrt(tmp, out=tmp)
+        np.divide(m, tmp, out=tmp)
+        tmp *= np.float32(lr)
+        np.subtract(theta_in, tmp, out=theta_out)
 
     def _rmsprop_step(self, acc: np.ndarray, theta_in: np.ndarray, grad: np.ndarray,
                       theta_out: np.ndarray, lr: float, eps: float) -> None:
