@@ -194,6 +194,24 @@ static PyObject *momentum_step(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* The loop of adam_step, in a function of its own: GCC takes restrict from function parameters
+ * (not from the block's locals), and without it five arrays need more alias checks than it
+ * versions a loop for, which left the loop scalar (4x the RMSProp kernel's time). */
+static void adam_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
+                      float *restrict m, float *restrict v, float *restrict out, float k1,
+                      float t1, float k2, float t2, float eps, float lr) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float gi = g[i];
+        float mi = k1 * m[i] + t1 * gi;
+        mi = fabsf(mi) < FLT_MIN ? 0.0f : mi;
+        float vi = k2 * v[i] + t2 * (gi * gi);
+        vi = vi < FLT_MIN ? 0.0f : vi;
+        m[i] = mi;
+        v[i] = vi;
+        out[i] = th[i] - lr * (mi / sqrtf(vi + eps));
+    }
+}
+
 /* adam_step(theta_in, grad, m, v, theta_out, beta1, beta2, eps, lr): one fused step of Adam
  * (Kingma & Ba 2015) with both moments shared by every client, as the shared Adam that
  * one-environment A3C reproductions run; the bias correction is folded into lr and eps by the
@@ -216,26 +234,13 @@ static PyObject *adam_step(PyObject *self, PyObject *args) {
     if (b[1].len / 4 != n || b[2].len / 4 != n || b_v.len / 4 != n || b[3].len / 4 != n) {
         PyErr_SetString(PyExc_ValueError, "theta_in, grad, m, v and theta_out differ in size");
     } else {
-        const float *restrict th = (const float *)b[0].buf;
-        const float *restrict g = (const float *)b[1].buf;
-        float *restrict m = (float *)b[2].buf;
-        float *restrict v = (float *)b_v.buf;
-        float *restrict out = (float *)b[3].buf;
         /* 1 - beta in double, then rounded, as numpy's float32(1.0 - beta) */
         const float k1 = (float)beta1, t1 = (float)(1.0 - beta1);
         const float k2 = (float)beta2, t2 = (float)(1.0 - beta2);
         Py_BEGIN_ALLOW_THREADS
         FTZ_BEGIN
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const float gi = g[i];
-            float mi = k1 * m[i] + t1 * gi;
-            mi = fabsf(mi) < FLT_MIN ? 0.0f : mi;
-            float vi = k2 * v[i] + t2 * (gi * gi);
-            vi = vi < FLT_MIN ? 0.0f : vi;
-            m[i] = mi;
-            v[i] = vi;
-            out[i] = th[i] - lr * (mi / sqrtf(vi + eps));
-        }
+        adam_loop(n, (const float *)b[0].buf, (const float *)b[1].buf, (float *)b[2].buf,
+                  (float *)b_v.buf, (float *)b[3].buf, k1, t1, k2, t2, eps, lr);
         FTZ_END
         Py_END_ALLOW_THREADS
         result = Py_None;
