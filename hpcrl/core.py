@@ -104,6 +104,9 @@ class LearnerStats:
         grad_norm_sum, grad_norm_count: summed global L2 norm of the gradients before any
             clipping, and how many were measured.
         grad_clipped: gradients whose norm was clipped (``grad_clip_norm``).
+        grad_cut_sum: summed norm the clip removed, norm - grad_clip_norm where it clipped:
+            1 - this / ``grad_norm_sum`` is the share of the gradients' norm let through
+            (exactly 1 over an interval without a clipped gradient).
         entropy_sum: A3C: summed mean policy entropy per agent step (nats) of each loss
             (a policy collapsing to one action takes it towards 0); ``loss_count`` divides it.
         max_q_sum: value methods: summed mean max_a Q(s, a) over each loss's states (values
@@ -118,6 +121,7 @@ class LearnerStats:
     grad_norm_sum: float = 0.0
     grad_norm_count: int = 0
     grad_clipped: int = 0
+    grad_cut_sum: float = 0.0
     entropy_sum: float = 0.0
     max_q_sum: float = 0.0
 
@@ -131,11 +135,14 @@ class LearnerStats:
         else:
             self.max_q_sum += health
 
-    def add_gradient(self, norm: float, clipped: bool) -> None:
-        """One gradient's global norm before clipping, and whether it was clipped."""
+    def add_gradient(self, norm: float, clip: float = 0.0) -> None:
+        """One gradient's global norm before clipping at ``clip`` (0: no clip)."""
+        clipped = 0.0 < clip < norm
         self.grad_norm_sum += norm
         self.grad_norm_count += 1
-        self.grad_clipped += bool(clipped)
+        self.grad_clipped += clipped
+        if clipped:
+            self.grad_cut_sum += norm - clip
 
     def as_row(self) -> np.ndarray:
         """float64 [len(STATS_FIELDS)] in field order (the message to rank 0)."""

@@ -251,6 +251,9 @@ def test_short_run_under_mpi(algo, extra, tmp_path):
     assert measured.any() and (train["grad_norm"][measured] > 0).all()
     clipped = train["clipped_fraction"][measured]
     assert ((clipped >= 0) & (clipped <= 1)).all()
+    kept = train["clip_kept"][measured]             # 1 exactly where nothing was clipped
+    assert ((kept > 0) & (kept <= 1)).all() and (kept[clipped == 0] == 1).all()
+    assert (kept[clipped > 0] < 1).all()
     health, other = ("entropy", "max_q") if algo == "a3c" else ("max_q", "entropy")
     assert np.isfinite(train[health][measured]).all() and np.isnan(train[other]).all()
     if algo == "a3c":                                   # two actions: at most log 2 nats

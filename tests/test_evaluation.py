@@ -110,7 +110,7 @@ def test_a_schema_1_file_reads_with_an_empty_final_group_and_resumes(tmp_path):
     w.close()
     m = read_metrics(path)
     assert m["eval"]["return"].tolist() == [-7.0] and m["final"]["return"].tolist() == [3.0]
-    assert m["attrs"]["schema_version"] == 3
+    assert m["attrs"]["schema_version"] == 4
 
 
 # --- configs ---------------------------------------------------------------------------------

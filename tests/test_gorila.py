@@ -51,6 +51,9 @@ def assert_health_columns(train, algo):
     assert (train["grad_norm"][measured] > 0).all()
     clipped = train["clipped_fraction"][measured]
     assert ((clipped >= 0) & (clipped <= 1)).all()
+    kept = train["clip_kept"][measured]             # 1 exactly where nothing was clipped
+    assert ((kept > 0) & (kept <= 1)).all() and (kept[clipped == 0] == 1).all()
+    assert (kept[clipped > 0] < 1).all()
     losses = np.isfinite(train["loss"])
     health, other = ("entropy", "max_q") if algo == "a3c" else ("max_q", "entropy")
     np.testing.assert_array_equal(np.isfinite(train[health]), losses)

@@ -17,10 +17,11 @@ def test_learner_stats_count_losses_and_gradients_and_survive_a_checkpoint():
     s = LearnerStats()
     s.add_loss(2.0, 0.5, "a3c")          # entropy 0.5
     s.add_loss(4.0, 0.7, "a3c")
-    s.add_gradient(3.0, clipped=True)
-    s.add_gradient(1.0, clipped=False)
+    s.add_gradient(3.0, clip=2.5)        # clipped: 2.5 of its 3.0 let through
+    s.add_gradient(1.0, clip=2.5)
+    s.add_gradient(4.0)                  # no clip
     assert (s.loss_sum, s.loss_count, s.entropy_sum, s.max_q_sum) == (6.0, 2, 1.2, 0.0)
-    assert (s.grad_norm_sum, s.grad_norm_count, s.grad_clipped) == (4.0, 2, 1)
+    assert (s.grad_norm_sum, s.grad_norm_count, s.grad_clipped, s.grad_cut_sum) == (8.0, 3, 1, 0.5)
     q = LearnerStats()
     q.add_loss(1.0, 12.5, "one_step_q")  # max Q 12.5
     assert (q.entropy_sum, q.max_q_sum) == (0.0, 12.5)
@@ -39,12 +40,15 @@ def test_learner_stats_count_losses_and_gradients_and_survive_a_checkpoint():
 def test_interval_means_by_hand():
     before = dict.fromkeys(STATS_FIELDS, 0.0) | dict(loss_sum=10.0, loss_count=5,
                                                      grad_norm_sum=6.0, grad_norm_count=3,
-                                                     grad_clipped=1, entropy_sum=4.0)
+                                                     grad_clipped=1, grad_cut_sum=1.0,
+                                                     entropy_sum=4.0)
     now = dict(before, loss_sum=16.0, loss_count=8, grad_norm_sum=14.0, grad_norm_count=7,
-               grad_clipped=2, entropy_sum=5.5, max_q_sum=9.0)
+               grad_clipped=2, grad_cut_sum=3.0, entropy_sum=5.5, max_q_sum=9.0)
     m = interval_means(before, now, "a3c")
-    # 3 losses summing 6, 4 gradients summing 8 norm with 1 clipped, entropy 1.5 over 3 losses
+    # 3 losses summing 6, 4 gradients summing 8 norm with 1 clipped and 6 of the 8 let through,
+    # entropy 1.5 over 3 losses
     assert m["loss"] == 2.0 and m["grad_norm"] == 2.0 and m["clipped_fraction"] == 0.25
+    assert m["clip_kept"] == 0.75
     assert m["entropy"] == 0.5 and math.isnan(m["max_q"])
     q = interval_means(before, now, "n_step_q")
     assert q["max_q"] == 3.0 and math.isnan(q["entropy"])
@@ -116,7 +120,7 @@ def test_health_columns_of_older_files_read_as_nan_and_a_resume_adds_them(tmp_pa
     assert m["train"]["grad_norm"].tolist() == [2.0] and m["train"]["entropy"].tolist() == [1.7]
     assert np.isnan(m["train"]["max_q"]).all() and np.isnan(m["train"]["clipped_fraction"]).all()
     with h5py.File(path, "r+") as f:                   # as a schema-2 file: no health columns
-        for name in ("grad_norm", "clipped_fraction", "entropy", "max_q"):
+        for name in ("grad_norm", "clipped_fraction", "entropy", "max_q", "clip_kept"):
             del f["train"][name]
         f.attrs["schema_version"] = 2
     m = read_metrics(path)
@@ -126,7 +130,7 @@ def test_health_columns_of_older_files_read_as_nan_and_a_resume_adds_them(tmp_pa
     w.append("train", **_train_row(2), grad_norm=3.0)
     w.close()
     m = read_metrics(path)
-    assert m["attrs"]["schema_version"] == 3
+    assert m["attrs"]["schema_version"] == 4
     assert np.isnan(m["train"]["grad_norm"][0]) and m["train"]["grad_norm"][1] == 3.0
     with pytest.raises(ValueError, match="missing columns"):
         MetricsWriter(tmp_path / "m2.h5", attrs).append("train", frames=1, updates=1)

@@ -276,7 +276,7 @@ EPISODES = [dict(frames=100 * i, **{"return": -21.0 + i}, length=90 + i, rank=1,
                  wall_time=0.5 * i) for i in range(1, 6)]
 TRAIN = [dict(frames=200 * i, updates=10 * i, loss=1.0 / i, dropped_stale=i, dropped_outlier=0,
               dropped_nonfinite=0, frames_per_second=1000.0 + i, wall_time=float(i),
-              grad_norm=2.0 * i, clipped_fraction=0.25, entropy=1.5 - 0.5 * i)
+              grad_norm=2.0 * i, clipped_fraction=0.25, clip_kept=0.9, entropy=1.5 - 0.5 * i)
          for i in range(1, 4)]                  # max_q left out: NaN, as for A3C
 
 
@@ -293,6 +293,7 @@ def test_tensorboard_scalars_equal_the_hdf5_values_and_a_second_pass_adds_only_n
     assert scalars["train/dropped_stale"] == [(200 * i, i) for i in range(1, 4)]
     assert scalars["train/entropy"] == [(200 * i, 1.5 - 0.5 * i) for i in range(1, 4)]
     assert scalars["train/grad_norm"] == [(200 * i, 2.0 * i) for i in range(1, 4)]
+    assert scalars["train/clip_kept"] == [(200 * i, np.float32(0.9)) for i in range(1, 4)]
     # every train column but the axes, and those NaN in every row (not measured here): no
     # points rather than NaN points
     assert {t.split("/")[1] for t in scalars if t.startswith("train/")} == set(

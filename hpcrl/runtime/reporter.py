@@ -44,8 +44,8 @@ def early_stop_reason(train_returns: list[float], eval_returns: list[float],
 def interval_means(before: dict | None, now: dict, algo: str) -> dict[str, float]:
     """The ``train`` row's means since the previous report, from the learners' summed
     counters (:class:`hpcrl.core.LearnerStats`) then and now: loss, grad_norm,
-    clipped_fraction and entropy (A3C) or max_q (value methods); NaN without a gradient in
-    between, for the figure that does not apply, and for every figure without earlier
+    clipped_fraction, clip_kept and entropy (A3C) or max_q (value methods); NaN without a
+    gradient in between, for the figure that does not apply, and for every figure without earlier
     counters (``before`` None: the first report after a resume, whose restored counters hold
     the run's whole history)."""
     def per(total: str, count: str) -> float:
@@ -56,6 +56,7 @@ def interval_means(before: dict | None, now: dict, algo: str) -> dict[str, float
     return {"loss": per("loss_sum", "loss_count"),
             "grad_norm": per("grad_norm_sum", "grad_norm_count"),
             "clipped_fraction": per("grad_clipped", "grad_norm_count"),
+            "clip_kept": 1.0 - per("grad_cut_sum", "grad_norm_sum"),
             "entropy": per("entropy_sum", "loss_count") if algo == "a3c" else nan,
             "max_q": per("max_q_sum", "loss_count") if algo != "a3c" else nan}
 

@@ -12,7 +12,8 @@ back with ``torch.load(weights_only=True)``. Default output: ``RUN_DIR/policy.pt
 ``tensorboard`` writes the ``episodes``, ``eval``, ``train`` and ``final`` groups of
 ``metrics.h5`` as scalars against global env frames (``episodes/return``, ``train/loss``,
 ``train/frames_per_second``, ``train/dropped_stale``, the health figures ``train/grad_norm``,
-``train/clipped_fraction`` and ``train/entropy`` (A3C) or ``train/max_q`` (value methods),
+``train/clipped_fraction``, ``train/clip_kept`` and ``train/entropy`` (A3C) or ``train/max_q``
+(value methods),
 ``final/return`` per episode of the final evaluation and ``final/mean_return``, ...) into
 ``RUN_DIR/tensorboard``, with
 the standard library only (:mod:`hpcrl.io.tbevents`: no torch, TensorFlow or protobuf, so it
@@ -61,7 +62,8 @@ def write_csv(metrics: dict, out_dir: Path) -> list[Path]:
 NOT_SCALARS = {"frames", "wall_time", "rank"}
 #: train columns that are NaN where they do not apply (max_q of A3C, entropy of the value
 #: methods, all of them in files older than schema 3): such points are left out
-HEALTH_TAGS = {"grad_norm", "clipped_fraction", "entropy", "max_q", "dead_units", "dead_params"}
+HEALTH_TAGS = {"grad_norm", "clipped_fraction", "clip_kept", "entropy", "max_q", "dead_units",
+               "dead_params"}
 
 
 def scalar_tags(group: str) -> list[str]:

@@ -279,7 +279,7 @@ class AsyncLearner:
         clipped = min(norm, clip) if clip > 0 else norm
         self.sq_norm = clipped * clipped          # of the gradient returned; push tells the ps
         self.stats.add_loss(value, self._health, self.cfg.algo)
-        self.stats.add_gradient(norm, clipped=clip > 0 and norm > clip)
+        self.stats.add_gradient(norm, clip)
         self.stats.updates += 1
         return grad
 

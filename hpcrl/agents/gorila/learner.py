@@ -75,6 +75,6 @@ class GorilaLearner:
         # Gorila clips no gradient. The squared norm (float32 BLAS dot) serves the train rows
         # and the push, which would otherwise compute it again.
         self.sq_norm = float(np.dot(self.grad, self.grad))
-        stats.add_gradient(float(np.sqrt(self.sq_norm)), clipped=False)
+        stats.add_gradient(float(np.sqrt(self.sq_norm)))
         stats.updates += 1
         return self.grad

@@ -15,14 +15,15 @@ Schema (other modules and the analysis depend on it):
     /final/<column>        1-D, one row per episode of the final evaluation of the final
                            weights (same columns; schema 2; empty until the run ends)
     /train/<column>        1-D, one row per progress report, counters cumulative, and the
-                           network's health since the previous report (schema 3)
+                           network's health since the previous report (schema 3;
+                           clip_kept: schema 4)
     /status/state          scalar S16: running | finished | failed | preempted
     /status/heartbeat_unix scalar float64: time.time() at the last flush
     /status/committed_rows int64[4]: rows of (episodes, eval, train, final) that are complete
 
 Schema 1 files (no `final` group, three row counts) read with an empty `final` group, schema
-1 and 2 files without the health columns of `train` with those columns NaN; a resume rewrites
-them as schema 3.
+1 and 2 files without the health columns of `train` (schema 3 files without `clip_kept`) with
+those columns NaN; a resume rewrites them as schema 4.
 
 Why the status lives in datasets, not attributes: HDF5's SWMR documentation lists creating or
 modifying attributes among the operations a SWMR writer may not do (readers get no consistency

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _EPISODE_COLUMNS = {
     "frames": np.int64,  # global env frames at the end of the episode
@@ -34,6 +34,10 @@ COLUMNS: dict[str, dict[str, type]] = {
         # figure does not apply):
         "grad_norm": np.float64,  # mean global gradient norm before clipping
         "clipped_fraction": np.float64,  # share of gradients clipped (grad_clip_norm)
+        # share of the gradients' summed norm the clip let through, sum of min(norm, clip) /
+        # sum of norms (schema 4; 1 = nothing cut): a heavy tail of large gradients shows
+        # here, where clipped_fraction counts them only
+        "clip_kept": np.float64,
         "entropy": np.float64,  # A3C: mean policy entropy per agent step, nats
         "max_q": np.float64,  # value methods: mean max_a Q(s, a) over the learners' states
         # at the report, from the ps ranks' optimiser statistics (as hpcrl.diagnose):
@@ -43,7 +47,7 @@ COLUMNS: dict[str, dict[str, type]] = {
 }
 #: columns a file of an older schema may lack: read as NaN
 _ADDED_COLUMNS = {"train": ("grad_norm", "clipped_fraction", "entropy", "max_q", "dead_units",
-                            "dead_params")}
+                            "dead_params", "clip_kept")}
 GROUPS: tuple[str, ...] = ("episodes", "eval", "train", "final")
 STATUSES: tuple[str, ...] = ("running", "finished", "failed", "preempted")
 REQUIRED_ATTRS: tuple[str, ...] = ("algo", "game", "seed", "config")
