@@ -202,6 +202,31 @@ def test_crash_then_resume_and_rollback(tmp_path):
     assert not os.path.exists(str(path) + ".tmp")
 
 
+def test_a_swmr_file_shorter_than_its_recorded_end_is_read(tmp_path):
+    """A SWMR writer records a flush's new end of file before the chunks it allocated reach
+    the disk; a reader that comes in between, or finds the file of a writer that died there,
+    sees a file shorter than its superblock says. A plain open rejects that as "truncated"
+    (it checks the length before the "open for write" flag); the rows are all there."""
+    path = tmp_path / "metrics.h5"
+    child = _run_child(CRASH_CHILD, path)
+    assert child.wait() == -9
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.seek(size - 4096)
+        assert fh.read() == bytes(4096)  # the last chunk's unused rows: never written
+        fh.truncate(size - 4096)
+    with pytest.raises(OSError, match="truncated"):
+        h5py.File(path, "r")
+    data = read_metrics(path)
+    assert data["status"] == "running"
+    np.testing.assert_array_equal(data["episodes"]["frames"], [100, 200, 300])
+    np.testing.assert_array_equal(data["train"]["updates"], [1])
+    with open(path, "r+b") as fh:  # now into the committed rows: an error, not zeros
+        fh.truncate(size // 2)
+    with pytest.raises(MetricsError, match="unreadable"):
+        read_metrics(path)
+
+
 def test_rollback_masks_every_group_by_frames(tmp_path):
     path = tmp_path / "metrics.h5"
     w = MetricsWriter(path, ATTRS)

@@ -70,23 +70,31 @@ def _open_swmr(path: str) -> h5py.File:
     return h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
 
 
-def _open_once(path: str) -> h5py.File:
+def _open_once(path: str) -> tuple[h5py.File, bool]:
     """Plain read of a closed file; SWMR read of a file that is (or was, if it crashed) open.
 
     A file whose writer closed it opens in plain read mode, with no SWMR retry loops. A file
     held by a SWMR writer, or left by one that died, carries the "open for write" flag in its
     superblock and only opens in SWMR-read mode.
+
+    A plain open checks the file's length against the superblock's end-of-file address
+    before it checks that flag, so a SWMR-written file can fail it as "truncated": the writer
+    records a flush's new end before the chunks that flush allocated reach the disk, and a
+    writer that dies there leaves it so. Such a file is opened in SWMR mode, which does not
+    check the length (it reads zeros past the end of any file), and the second value,
+    True, tells the caller to check that every committed row lies inside the file.
     """
     try:
-        return h5py.File(path, "r")
+        return h5py.File(path, "r"), False
     except OSError as exc:
-        if _is_lock_error(exc) or "truncated" in str(exc):
+        if _is_lock_error(exc):
             raise
-    return _open_swmr(path)
+        shorter = "truncated" in str(exc)
+    return _open_swmr(path), shorter
 
 
-def _open_for_read(path: str) -> h5py.File:
-    """Opens for reading, retrying while another process holds the file's lock.
+def _open_for_read(path: str) -> tuple[h5py.File, bool]:
+    """Opens for reading (see `_open_once`), retrying while another process holds the lock.
 
     The lock is held only while a non-SWMR writer has the file open (the MetricsWriter
     never does on the final path, but other tools might), so a short retry loop (about
@@ -106,13 +114,38 @@ def _open_for_read(path: str) -> h5py.File:
     raise MetricsError(f"{path}: locked by another process for too long ({last})") from None
 
 
-def _read_open_file(f: h5py.File) -> dict[str, Any]:
+def _check_rows_inside(ds: h5py.Dataset, num_rows: int, file_size: int) -> None:
+    """ValueError unless the bytes of rows [0, num_rows) all lie inside the file.
+
+    Committed rows are on disk before their count is (the writer flushes twice), so a
+    committed row past the end of the file means a truncated file, not a live one.
+    """
+    if ds.chunks is None:                     # contiguous (not written by MetricsWriter)
+        extents = [(ds.id.get_offset(), ds.id.get_storage_size())] if num_rows else []
+    else:
+        rows_per_chunk, filtered = ds.chunks[0], ds.id.get_create_plist().get_nfilters() > 0
+        extents = []
+        for first_row in range(0, num_rows, rows_per_chunk):
+            info = ds.id.get_chunk_info_by_coord((first_row,))
+            rows = min(rows_per_chunk, num_rows - first_row)  # a chunk's tail may be unused
+            extents.append((info.byte_offset,
+                            info.size if filtered else rows * ds.dtype.itemsize))
+    for offset, size in extents:
+        if offset is None or offset + size > file_size:
+            raise ValueError(f"{ds.name}: committed rows past the end of the file "
+                             f"({file_size} bytes): the file is truncated")
+
+
+def _read_open_file(f: h5py.File, check_inside: bool = False) -> dict[str, Any]:
+    """The committed rows of an open file; with `check_inside`, each row's chunk is first
+    checked to lie inside the file (see `_open_once`)."""
     attrs = {key: _as_python(f.attrs[key]) for key in f.attrs}
     missing = [key for key in IDENTITY_ATTRS if key not in attrs]
     if missing:
         raise MetricsError(f"missing attributes {missing}")
     # Row counts first: rows below them were complete on disk before the counts were written.
     committed = np.asarray(f["status/committed_rows"][()], dtype=np.int64)
+    file_size = os.path.getsize(f.filename) if check_inside else None  # after the counts
     out: dict[str, Any] = {
         "attrs": attrs,
         "status": _as_python(f["status/state"][()]),
@@ -127,6 +160,9 @@ def _read_open_file(f: h5py.File) -> dict[str, Any]:
                     if name in f[group] or name not in _ADDED_COLUMNS.get(group, ())}
         # A column shorter than committed_rows means a damaged file: cut all to the shortest.
         num_rows = min([int(num_rows)] + [ds.shape[0] for ds in datasets.values()])
+        if file_size is not None:
+            for ds in datasets.values():
+                _check_rows_inside(ds, num_rows, file_size)
         out[group] = {
             name: (np.asarray(datasets[name][:num_rows], dtype=dtype) if name in datasets
                    else np.full(num_rows, np.nan, dtype))
@@ -153,10 +189,10 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
     error = ""
     for _ in range(_READ_RETRIES):  # a SWMR read can meet a block the writer is rewriting
-        f = _open_for_read(path)
+        f, shorter = _open_for_read(path)
         try:
             with f:
-                out = _read_open_file(f)
+                out = _read_open_file(f, check_inside=shorter)
             out["path"] = path
             return out
         except MetricsError as exc:
