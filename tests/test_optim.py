@@ -1,5 +1,7 @@
 """ShardOptimizer against a float64 loop over the papers' update formulas (no MPI)."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -173,14 +175,50 @@ def test_state_round_trip_and_shape_check():
         ShardOptimizer("adagrad", 4, 1).set_state(opt.get_state())
 
 
-def test_fused_rejects_wrong_buffers():
+# Each kernel: its buffer arguments (name, dtype, written) and its scalar arguments.
+KERNEL_BUFFERS = {
+    "scaled_step": ([("theta_in", np.float32, False), ("grad", np.float32, False),
+                     ("acc", np.float32, True), ("theta_out", np.float32, True)],
+                    (0.9, 0.1, 1.0, False)),
+    "adagrad_step": ([("theta_in", np.float32, False), ("grad", np.float32, False),
+                      ("acc", np.float64, True), ("theta_out", np.float32, True)], (0.1, 1.0)),
+    "momentum_step": ([("theta_in", np.float32, False), ("grad", np.float32, False),
+                       ("m", np.float32, True), ("theta_out", np.float32, True)], (0.9, 0.01)),
+    "adam_step": ([("theta_in", np.float32, False), ("grad", np.float32, False),
+                   ("m", np.float32, True), ("v", np.float32, True),
+                   ("theta_out", np.float32, True)], (0.9, 0.999, 1e-8, 0.01)),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNEL_BUFFERS))
+def test_fused_rejects_wrong_buffers(kernel):
+    """Every buffer argument of every kernel: a wrong dtype, size, a read-only output or a
+    strided view is refused with its name, nothing is written, and no buffer stays held."""
     from hpcrl.runtime.params import _kernels
 
-    f = np.zeros(4, np.float32)
-    with pytest.raises(ValueError, match="differ in size"):
-        _kernels.scaled_step(f, f, f, np.zeros(3, np.float32), 0.9, 0.1, 1.0, False)
-    with pytest.raises(TypeError, match="float32"):
-        _kernels.scaled_step(f, np.zeros(4), f, f, 0.9, 0.1, 1.0, False)
+    specs, scalars = KERNEL_BUFFERS[kernel]
+    fn = getattr(_kernels, kernel)
+    good = [np.ones(4, dtype) for _, dtype, _ in specs]
+    fn(*good, *scalars)                                        # the arguments as given work
+    other = {np.float32: np.float64, np.float64: np.float32}
+    for i, (name, dtype, written) in enumerate(specs):
+        bad_cases = [(np.ones(4, other[dtype]), TypeError, f"{name} must be a contiguous"),
+                     (np.ones(3, dtype), ValueError, "differ in size"),
+                     (np.ones(8, dtype)[::2], (TypeError, ValueError, BufferError), None)]
+        if written:
+            read_only = np.ones(4, dtype)
+            read_only.flags.writeable = False
+            bad_cases.append((read_only, (TypeError, ValueError, BufferError), None))
+        for bad, error, message in bad_cases:
+            args = [b.copy() for b in good]
+            args[i] = bad
+            before = [a.copy() for a in args]
+            counts = [sys.getrefcount(a) for a in args]
+            with pytest.raises(error, match=message):
+                fn(*args, *scalars)
+            assert [sys.getrefcount(a) for a in args] == counts   # every buffer released
+            for a, b in zip(args, before):
+                np.testing.assert_array_equal(a, b)               # nothing written
 
 
 @pytest.mark.parametrize("offset", range(4))

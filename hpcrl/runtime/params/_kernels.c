@@ -36,81 +36,105 @@
 #define FTZ_END
 #endif
 
-static int get_buf(PyObject *obj, Py_buffer *view, int writable, const char *name,
-                   const char *format, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
-                           (writable ? PyBUF_WRITABLE : 0)) < 0)
-        return -1;
-    if (view->format == NULL || strcmp(view->format, format) != 0) {
-        PyErr_Format(PyExc_TypeError, "%s must be a contiguous %s buffer", name, what);
-        PyBuffer_Release(view);
-        return -1;
+/* One buffer argument of a kernel: its name in errors, its struct format and element size. */
+typedef struct {
+    const char *name;
+    const char *format; /* "f" float32, "d" float64 */
+    int writable;
+} BufSpec;
+
+#define MAX_BUFS 5
+
+/* A kernel's loop: the buffers in BufSpec order, the element count, the kernel's constants. */
+typedef void (*LoopFn)(void *const *bufs, Py_ssize_t n, const double *c);
+
+/* Takes every buffer (all or none: a failure releases those already taken and sets the error),
+ * checks each is C-contiguous with its format and that all hold the same number of elements. */
+static int take_buffers(PyObject *const *objs, const BufSpec *specs, int count, Py_buffer *b,
+                        Py_ssize_t *n, const char *names) {
+    for (int i = 0; i < count; i++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (specs[i].writable ? PyBUF_WRITABLE : 0);
+        int ok = PyObject_GetBuffer(objs[i], &b[i], flags) == 0;
+        if (ok && (b[i].format == NULL || strcmp(b[i].format, specs[i].format) != 0)) {
+            PyErr_Format(PyExc_TypeError, "%s must be a contiguous %s buffer", specs[i].name,
+                         specs[i].format[0] == 'f' ? "float32" : "float64");
+            PyBuffer_Release(&b[i]);
+            ok = 0;
+        }
+        if (!ok) {
+            while (i-- > 0) PyBuffer_Release(&b[i]);
+            return -1;
+        }
+    }
+    *n = b[0].len / b[0].itemsize;
+    for (int i = 1; i < count; i++) {
+        if (b[i].len / b[i].itemsize != *n) {
+            PyErr_Format(PyExc_ValueError, "%s differ in size", names);
+            for (int j = 0; j < count; j++) PyBuffer_Release(&b[j]);
+            return -1;
+        }
     }
     return 0;
 }
 
-static int get_f32(PyObject *obj, Py_buffer *view, int writable, const char *name) {
-    return get_buf(obj, view, writable, name, "f", "float32");
+/* Runs `loop` over the buffers without the GIL (with flush-to-zero where `ftz`), then releases
+ * them: the part every kernel shares. */
+static PyObject *run_kernel(PyObject *const *objs, const BufSpec *specs, int count,
+                            const char *names, LoopFn loop, const double *c, int ftz) {
+    Py_buffer b[MAX_BUFS];
+    void *bufs[MAX_BUFS];
+    Py_ssize_t n;
+    if (take_buffers(objs, specs, count, b, &n, names) < 0) return NULL;
+    for (int i = 0; i < count; i++) bufs[i] = b[i].buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (ftz) {
+        FTZ_BEGIN
+        loop(bufs, n, c);
+        FTZ_END
+    } else {
+        loop(bufs, n, c);
+    }
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < count; i++) PyBuffer_Release(&b[i]);
+    Py_RETURN_NONE;
 }
 
-/* theta_in, grad (float32, read), acc (acc_format, written), theta_out (float32, written):
- * all four buffers or none (a failure releases those already taken and sets the error). */
-static int get_four(PyObject *o_in, PyObject *o_g, PyObject *o_acc, PyObject *o_out,
-                    Py_buffer *b, const char *acc_format, const char *acc_what) {
-    if (get_f32(o_in, &b[0], 0, "theta_in") < 0) return -1;
-    if (get_f32(o_g, &b[1], 0, "grad") < 0) { PyBuffer_Release(&b[0]); return -1; }
-    if (get_buf(o_acc, &b[2], 1, "acc", acc_format, acc_what) < 0) {
-        PyBuffer_Release(&b[0]); PyBuffer_Release(&b[1]); return -1;
+static const BufSpec FOUR_F32[4] = {
+    {"theta_in", "f", 0}, {"grad", "f", 0}, {"acc", "f", 1}, {"theta_out", "f", 1}};
+
+/* Each loop is a function with restrict parameters: GCC takes restrict from function parameters
+ * (not from a block's locals), and without it four or five arrays need alias checks that it may
+ * not version a loop for (the Adam loop stayed scalar that way: 4x the RMSProp kernel's time). */
+
+static void scaled_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
+                        float *restrict acc, float *restrict out, float a, float b, float eps,
+                        float lr) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float ai = a * acc[i] + b * (gi * gi);
+        ai = ai < FLT_MIN ? 0.0f : ai; /* acc >= 0: no denormal is ever stored */
+        acc[i] = ai;
+        out[i] = th[i] - lr * (gi / sqrtf(ai + eps));
     }
-    if (get_f32(o_out, &b[3], 1, "theta_out") < 0) {
-        PyBuffer_Release(&b[0]); PyBuffer_Release(&b[1]); PyBuffer_Release(&b[2]); return -1;
-    }
-    return 0;
 }
 
-static void release_four(Py_buffer *b) {
-    for (int i = 0; i < 4; i++) PyBuffer_Release(&b[i]);
+static void scaled_bufs(void *const *p, Py_ssize_t n, const double *c) {
+    scaled_loop(n, p[0], p[1], p[2], p[3], (float)c[0], (float)c[1], (float)c[2], (float)c[3]);
 }
 
 /* scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad) */
 static PyObject *scaled_step(PyObject *self, PyObject *args) {
-    PyObject *o_in, *o_g, *o_acc, *o_out;
+    PyObject *o[4];
     double decay;
     float eps, lr;
     int adagrad;
-    if (!PyArg_ParseTuple(args, "OOOOdffp", &o_in, &o_g, &o_acc, &o_out, &decay, &eps, &lr,
+    if (!PyArg_ParseTuple(args, "OOOOdffp", &o[0], &o[1], &o[2], &o[3], &decay, &eps, &lr,
                           &adagrad))
         return NULL;
-    Py_buffer b[4];
-    if (get_four(o_in, o_g, o_acc, o_out, b, "f", "float32") < 0) return NULL;
-    Py_buffer b_in = b[0], b_g = b[1], b_acc = b[2], b_out = b[3];
-    Py_ssize_t n = b_in.len / 4;
-    PyObject *result = NULL;
-    if (b_g.len / 4 != n || b_acc.len / 4 != n || b_out.len / 4 != n) {
-        PyErr_SetString(PyExc_ValueError, "theta_in, grad, acc and theta_out differ in size");
-    } else {
-        const float *restrict th = (const float *)b_in.buf;
-        const float *restrict g = (const float *)b_g.buf;
-        float *restrict acc = (float *)b_acc.buf;
-        float *restrict out = (float *)b_out.buf;
-        /* 1 - decay in double, then rounded, as numpy's float32(1.0 - decay) */
-        const float a = adagrad ? 1.0f : (float)decay, b = adagrad ? 1.0f : (float)(1.0 - decay);
-        Py_BEGIN_ALLOW_THREADS
-        FTZ_BEGIN
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float gi = g[i];
-            float ai = a * acc[i] + b * (gi * gi);
-            ai = ai < FLT_MIN ? 0.0f : ai;       /* acc >= 0: no denormal is ever stored */
-            acc[i] = ai;
-            out[i] = th[i] - lr * (gi / sqrtf(ai + eps));
-        }
-        FTZ_END
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
-    }
-    release_four(b);
-    return result;
+    /* 1 - decay in double, then rounded, as numpy's float32(1.0 - decay) */
+    const double c[4] = {adagrad ? 1.0f : (float)decay, adagrad ? 1.0f : (float)(1.0 - decay),
+                         eps, lr};
+    return run_kernel(o, FOUR_F32, 4, "theta_in, grad, acc and theta_out", scaled_bufs, c, 1);
 }
 
 /* adagrad_step(theta_in, grad, acc, theta_out, eps, lr): AdaGrad with a float64 accumulator.
@@ -119,38 +143,30 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
  *   acc = acc + g*g (in double);  theta_out = theta_in - lr * g / sqrt(acc + eps)
  * The step itself is computed in float: its inputs and result are float32 anyway, and a
  * float32 sqrt and divide run at twice the vector width of double ones (the step was ~60 %
- * of the ps's time per gradient in double on a Nature-DQN shard). */
-static PyObject *adagrad_step(PyObject *self, PyObject *args) {
-    PyObject *o_in, *o_g, *o_acc, *o_out;
-    double eps, lr;
-    if (!PyArg_ParseTuple(args, "OOOOdd", &o_in, &o_g, &o_acc, &o_out, &eps, &lr))
-        return NULL;
-    Py_buffer b[4];
-    if (get_four(o_in, o_g, o_acc, o_out, b, "d", "float64") < 0) return NULL;
-    Py_buffer b_in = b[0], b_g = b[1], b_acc = b[2], b_out = b[3];
-    Py_ssize_t n = b_in.len / 4;
-    PyObject *result = NULL;
-    if (b_g.len / 4 != n || b_acc.len / 8 != n || b_out.len / 4 != n) {
-        PyErr_SetString(PyExc_ValueError, "theta_in, grad, acc and theta_out differ in size");
-    } else {
-        const float *restrict th = (const float *)b_in.buf;
-        const float *restrict g = (const float *)b_g.buf;
-        double *restrict acc = (double *)b_acc.buf;
-        float *restrict out = (float *)b_out.buf;
-        Py_BEGIN_ALLOW_THREADS
-        const float lrf = (float)lr;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const float gi = g[i];
-            const double ai = acc[i] + (double)gi * (double)gi;
-            acc[i] = ai;
-            out[i] = th[i] - lrf * (gi / sqrtf((float)(ai + eps)));
-        }
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
+ * of the ps's time per gradient in double on a Nature-DQN shard). No flush-to-zero: the
+ * accumulator only grows. */
+static void adagrad_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
+                         double *restrict acc, float *restrict out, double eps, float lr) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float gi = g[i];
+        const double ai = acc[i] + (double)gi * (double)gi;
+        acc[i] = ai;
+        out[i] = th[i] - lr * (gi / sqrtf((float)(ai + eps)));
     }
-    release_four(b);
-    return result;
+}
+
+static void adagrad_bufs(void *const *p, Py_ssize_t n, const double *c) {
+    adagrad_loop(n, p[0], p[1], p[2], p[3], c[0], (float)c[1]);
+}
+
+static PyObject *adagrad_step(PyObject *self, PyObject *args) {
+    static const BufSpec specs[4] = {
+        {"theta_in", "f", 0}, {"grad", "f", 0}, {"acc", "d", 1}, {"theta_out", "f", 1}};
+    PyObject *o[4];
+    double c[2]; /* eps, lr */
+    if (!PyArg_ParseTuple(args, "OOOOdd", &o[0], &o[1], &o[2], &o[3], &c[0], &c[1]))
+        return NULL;
+    return run_kernel(o, specs, 4, "theta_in, grad, acc and theta_out", adagrad_bufs, c, 0);
 }
 
 /* momentum_step(theta_in, grad, m, theta_out, momentum, lr): one fused step of SGD with
@@ -158,45 +174,40 @@ static PyObject *adagrad_step(PyObject *self, PyObject *args) {
  *   m = momentum * m + (1 - momentum) * g;  theta_out = theta_in - lr * m
  * Five numpy passes over the shard in one; |m| below FLT_MIN is stored as 0 (a dead unit's m
  * decays by the momentum per step into the denormal range, as RMSProp's statistic does). */
-static PyObject *momentum_step(PyObject *self, PyObject *args) {
-    PyObject *o_in, *o_g, *o_m, *o_out;
-    double mom;
-    float lr;
-    if (!PyArg_ParseTuple(args, "OOOOdf", &o_in, &o_g, &o_m, &o_out, &mom, &lr))
-        return NULL;
-    Py_buffer b[4];
-    if (get_four(o_in, o_g, o_m, o_out, b, "f", "float32") < 0) return NULL;
-    Py_ssize_t n = b[0].len / 4;
-    PyObject *result = NULL;
-    if (b[1].len / 4 != n || b[2].len / 4 != n || b[3].len / 4 != n) {
-        PyErr_SetString(PyExc_ValueError, "theta_in, grad, m and theta_out differ in size");
-    } else {
-        const float *restrict th = (const float *)b[0].buf;
-        const float *restrict g = (const float *)b[1].buf;
-        float *restrict m = (float *)b[2].buf;
-        float *restrict out = (float *)b[3].buf;
-        /* 1 - momentum in double, then rounded, as numpy's float32(1.0 - momentum) */
-        const float keep = (float)mom, take = (float)(1.0 - mom);
-        Py_BEGIN_ALLOW_THREADS
-        FTZ_BEGIN
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float mi = keep * m[i] + take * g[i];
-            mi = fabsf(mi) < FLT_MIN ? 0.0f : mi;
-            m[i] = mi;
-            out[i] = th[i] - lr * mi;
-        }
-        FTZ_END
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
+static void momentum_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
+                          float *restrict m, float *restrict out, float keep, float take,
+                          float lr) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float mi = keep * m[i] + take * g[i];
+        mi = fabsf(mi) < FLT_MIN ? 0.0f : mi;
+        m[i] = mi;
+        out[i] = th[i] - lr * mi;
     }
-    release_four(b);
-    return result;
 }
 
-/* The loop of adam_step, in a function of its own: GCC takes restrict from function parameters
- * (not from the block's locals), and without it five arrays need more alias checks than it
- * versions a loop for, which left the loop scalar (4x the RMSProp kernel's time). */
+static void momentum_bufs(void *const *p, Py_ssize_t n, const double *c) {
+    momentum_loop(n, p[0], p[1], p[2], p[3], (float)c[0], (float)c[1], (float)c[2]);
+}
+
+static PyObject *momentum_step(PyObject *self, PyObject *args) {
+    static const BufSpec specs[4] = {
+        {"theta_in", "f", 0}, {"grad", "f", 0}, {"m", "f", 1}, {"theta_out", "f", 1}};
+    PyObject *o[4];
+    double mom;
+    float lr;
+    if (!PyArg_ParseTuple(args, "OOOOdf", &o[0], &o[1], &o[2], &o[3], &mom, &lr)) return NULL;
+    /* 1 - momentum in double, then rounded, as numpy's float32(1.0 - momentum) */
+    const double c[3] = {(float)mom, (float)(1.0 - mom), lr};
+    return run_kernel(o, specs, 4, "theta_in, grad, m and theta_out", momentum_bufs, c, 1);
+}
+
+/* adam_step(theta_in, grad, m, v, theta_out, beta1, beta2, eps, lr): one fused step of Adam
+ * (Kingma & Ba 2015) with both moments shared by every client, as the shared Adam that
+ * one-environment A3C reproductions run; the bias correction is folded into lr and eps by the
+ * caller (lr sqrt(c2) / c1, eps c2), eps inside the square root as for RMSProp:
+ *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g*g
+ *   theta_out = theta_in - lr * (m / sqrt(v + eps))
+ * |m| and v below FLT_MIN are stored as 0, as the other kernels' statistics. */
 static void adam_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
                       float *restrict m, float *restrict v, float *restrict out, float k1,
                       float t1, float k2, float t2, float eps, float lr) {
@@ -212,43 +223,24 @@ static void adam_loop(Py_ssize_t n, const float *restrict th, const float *restr
     }
 }
 
-/* adam_step(theta_in, grad, m, v, theta_out, beta1, beta2, eps, lr): one fused step of Adam
- * (Kingma & Ba 2015) with both moments shared by every client, as the shared Adam that
- * one-environment A3C reproductions run; the bias correction is folded into lr and eps by the
- * caller (lr sqrt(c2) / c1, eps c2), eps inside the square root as for RMSProp:
- *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g*g
- *   theta_out = theta_in - lr * (m / sqrt(v + eps))
- * |m| and v below FLT_MIN are stored as 0, as the other kernels' statistics. */
+static void adam_bufs(void *const *p, Py_ssize_t n, const double *c) {
+    adam_loop(n, p[0], p[1], p[2], p[3], p[4], (float)c[0], (float)c[1], (float)c[2],
+              (float)c[3], (float)c[4], (float)c[5]);
+}
+
 static PyObject *adam_step(PyObject *self, PyObject *args) {
-    PyObject *o_in, *o_g, *o_m, *o_v, *o_out;
+    static const BufSpec specs[5] = {{"theta_in", "f", 0}, {"grad", "f", 0}, {"m", "f", 1},
+                                     {"v", "f", 1}, {"theta_out", "f", 1}};
+    PyObject *o[5];
     double beta1, beta2;
     float eps, lr;
-    if (!PyArg_ParseTuple(args, "OOOOOddff", &o_in, &o_g, &o_m, &o_v, &o_out, &beta1, &beta2,
+    if (!PyArg_ParseTuple(args, "OOOOOddff", &o[0], &o[1], &o[2], &o[3], &o[4], &beta1, &beta2,
                           &eps, &lr))
         return NULL;
-    Py_buffer b[4], b_v;
-    if (get_four(o_in, o_g, o_m, o_out, b, "f", "float32") < 0) return NULL;
-    if (get_f32(o_v, &b_v, 1, "v") < 0) { release_four(b); return NULL; }
-    Py_ssize_t n = b[0].len / 4;
-    PyObject *result = NULL;
-    if (b[1].len / 4 != n || b[2].len / 4 != n || b_v.len / 4 != n || b[3].len / 4 != n) {
-        PyErr_SetString(PyExc_ValueError, "theta_in, grad, m, v and theta_out differ in size");
-    } else {
-        /* 1 - beta in double, then rounded, as numpy's float32(1.0 - beta) */
-        const float k1 = (float)beta1, t1 = (float)(1.0 - beta1);
-        const float k2 = (float)beta2, t2 = (float)(1.0 - beta2);
-        Py_BEGIN_ALLOW_THREADS
-        FTZ_BEGIN
-        adam_loop(n, (const float *)b[0].buf, (const float *)b[1].buf, (float *)b[2].buf,
-                  (float *)b_v.buf, (float *)b[3].buf, k1, t1, k2, t2, eps, lr);
-        FTZ_END
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
-    }
-    PyBuffer_Release(&b_v);
-    release_four(b);
-    return result;
+    /* 1 - beta in double, then rounded, as numpy's float32(1.0 - beta) */
+    const double c[6] = {(float)beta1, (float)(1.0 - beta1), (float)beta2, (float)(1.0 - beta2),
+                         eps, lr};
+    return run_kernel(o, specs, 5, "theta_in, grad, m, v and theta_out", adam_bufs, c, 1);
 }
 
 static PyMethodDef methods[] = {
