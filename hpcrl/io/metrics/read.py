@@ -94,7 +94,8 @@ def _open_once(path: str) -> tuple[h5py.File, bool]:
 
 
 def _open_for_read(path: str) -> tuple[h5py.File, bool]:
-    """Opens for reading (see `_open_once`), retrying while another process holds the lock.
+    """Opens for reading (see `_open_once`), retrying while another process holds the lock;
+    any other OSError is raised as it is (`read_metrics` retries it a few times).
 
     The lock is held only while a non-SWMR writer has the file open (the MetricsWriter
     never does on the final path, but other tools might), so a short retry loop (about
@@ -108,7 +109,7 @@ def _open_for_read(path: str) -> tuple[h5py.File, bool]:
             return _open_once(path)
         except OSError as exc:
             if not _is_lock_error(exc):
-                raise MetricsError(f"{path}: unreadable metrics file ({exc})") from None
+                raise                        # damaged, or a live file's torn read: the caller's
             last = exc                       # `exc` itself is unbound after the except block
             time.sleep(_LOCK_SLEEP_S * (1 + attempt // 5))
     raise MetricsError(f"{path}: locked by another process for too long ({last})") from None
@@ -189,7 +190,12 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
     error = ""
     for _ in range(_READ_RETRIES):  # a SWMR read can meet a block the writer is rewriting
-        f, shorter = _open_for_read(path)
+        try:
+            f, shorter = _open_for_read(path)
+        except OSError as exc:             # a torn open of a live file, or a damaged file
+            error = f"{type(exc).__name__}: {exc}"
+            time.sleep(_LOCK_SLEEP_S)
+            continue
         try:
             with f:
                 out = _read_open_file(f, check_inside=shorter)
