@@ -276,6 +276,11 @@ class Config:
                                 "estimate: ranks that each stay under memory_guard_gb can "
                                 "together run the node out of memory, where the kernel's OOM "
                                 "killer ends a rank without a word; 0 = off", lo=0.0)
+    malloc_mmap_threshold_kb: int = _f(1024, "glibc's mmap threshold for every rank, fixed "
+                                       "(glibc raises it to the size of each large block "
+                                       "freed, after which ~1 MB tensors fragment the heap: "
+                                       "the 20-rank A3C LSTM job's ranks grew by 3 MB/s with "
+                                       "nothing more in use); 0 = glibc's own", lo=0, hi=32768)
     checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
                                         "ranks) a checkpoint generation may take before it "
                                         "counts as hung: a generation has watchdog_s + its "

@@ -26,7 +26,7 @@ OUTSIDE_THE_RECIPE = frozenset({
     "eval_every_frames", "eval_episodes", "final_eval_episodes", "watchdog_s", "preflight",
     "run_dir_lease_s", "checkpoint_every_min", "checkpoint_keep", "checkpoint_replay",
     "checkpoint_max_failures", "checkpoint_min_mb_per_s", "checkpoint_quota_check",
-    "async_progress", "lr_anneal_frames", "learner_reuse_acting"})
+    "async_progress", "lr_anneal_frames", "learner_reuse_acting", "malloc_mmap_threshold_kb"})
 
 
 def load_records() -> dict[str, dict[str, dict]]:

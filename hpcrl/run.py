@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         return _error(str(exc), _env_rank())
     if cfg.async_progress:
         os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
+    if cfg.malloc_mmap_threshold_kb > 0:
+        from hpcrl.runtime.malloc import fix_mmap_threshold
+
+        fix_mmap_threshold(cfg.malloc_mmap_threshold_kb)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
