@@ -280,7 +280,8 @@ class Config:
                                        "(glibc raises it to the size of each large block "
                                        "freed, after which ~1 MB tensors fragment the heap: "
                                        "the 20-rank A3C LSTM job's ranks grew by 3 MB/s with "
-                                       "nothing more in use); 0 = glibc's own", lo=0, hi=32768)
+                                       "nothing more in use); 0 = glibc's own, else >= 128",
+                                       lo=0, hi=32768)
     checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
                                         "ranks) a checkpoint generation may take before it "
                                         "counts as hung: a generation has watchdog_s + its "
@@ -394,6 +395,11 @@ def _cross_checks(cfg: Config, origin: str) -> None:
         raise ConfigError(f"{origin}: keys 'rmsprop_initial' and 'rmsprop_bias_correction' "
                           "exclude each other (the correction assumes the statistic starts at "
                           "0); set one of them")
+    if 0 < cfg.malloc_mmap_threshold_kb < 128:
+        raise ConfigError(f"{origin}: key 'malloc_mmap_threshold_kb' must be 0 (glibc's own "
+                          f"rule) or at least 128, glibc's starting value (got "
+                          f"{cfg.malloc_mmap_threshold_kb}: nearly every block would be a "
+                          f"mapping of its own)")
     if cfg.lstm_init != "torch" and not (cfg.algo == "a3c" and cfg.lstm):
         raise ConfigError(f"{origin}: key 'lstm_init' = '{cfg.lstm_init}' applies to A3C LSTM "
                           f"only (algo 'a3c' with lstm = true); remove it")

@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.malloc_mmap_threshold_kb > 0:
         from hpcrl.runtime.malloc import fix_mmap_threshold
 
-        fix_mmap_threshold(cfg.malloc_mmap_threshold_kb)
+        if not fix_mmap_threshold(cfg.malloc_mmap_threshold_kb) and _env_rank() == 0:
+            print("[hpcrl] note: malloc_mmap_threshold_kb not applied (this C library has no "
+                  "glibc mallopt)", flush=True)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

@@ -38,6 +38,8 @@ def test_file_and_overrides(tmp_path):
     ("[env]\ngame = 'pong'\n", "key 'env' is a table"),
     ("total_frames = \n", "not valid TOML"),
     ("epsilon_end = 0.9\nepsilon_start = 0.5\n", "key 'epsilon_end' (0.9) must be <= "),
+    ("malloc_mmap_threshold_kb = 64\n", "key 'malloc_mmap_threshold_kb' must be 0 (glibc's own "
+     "rule) or at least 128"),
 ])
 def test_bad_file_is_one_line_naming_file_and_key(tmp_path, text, fragment):
     p = write(tmp_path, text)

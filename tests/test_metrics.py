@@ -210,6 +210,9 @@ def test_a_swmr_file_shorter_than_its_recorded_end_is_read(tmp_path):
     path = tmp_path / "metrics.h5"
     child = _run_child(CRASH_CHILD, path)
     assert child.wait() == -9
+    with h5py.File(path, "r", swmr=True) as f:  # where the last chunk holding a row begins
+        last_row_at = max(f[group][name].id.get_chunk_info_by_coord((0,)).byte_offset
+                          for group in ("episodes", "train") for name in f[group])
     size = os.path.getsize(path)
     with open(path, "r+b") as fh:
         fh.seek(size - 4096)
@@ -221,9 +224,9 @@ def test_a_swmr_file_shorter_than_its_recorded_end_is_read(tmp_path):
     assert data["status"] == "running"
     np.testing.assert_array_equal(data["episodes"]["frames"], [100, 200, 300])
     np.testing.assert_array_equal(data["train"]["updates"], [1])
-    with open(path, "r+b") as fh:  # now into the committed rows: an error, not zeros
-        fh.truncate(size // 2)
-    with pytest.raises(MetricsError, match="unreadable"):
+    with open(path, "r+b") as fh:  # now into a committed row: an error, not zeros
+        fh.truncate(last_row_at + 4)
+    with pytest.raises(MetricsError, match="committed rows past the end of the file"):
         read_metrics(path)
 
 

@@ -45,8 +45,9 @@ holds the file open also blocks a writer's `r+` open (measured: `BlockingIOError
 So a resume reads the old file (SWMR read works after a crash), writes a complete new file to
 `metrics.h5.tmp`, switches it to SWMR mode, and `os.replace`s it over the old one: the path
 always holds a complete file, and readers holding the old inode do not block the writer.
-To inspect a crashed run's file with `h5dump`, run `h5clear -s metrics.h5` first, or read it with
-`read_metrics`.
+To inspect a crashed run's file, read it with `read_metrics`; for `h5dump`, run `h5clear -s
+metrics.h5` first (a file whose writer died during a flush, shorter than its recorded end, is
+then still refused as truncated: `read_metrics` reads it).
 
 Reading: `read_metrics` opens a cleanly closed file in plain read mode and a live or crashed one
 in SWMR-read mode, with HDF5's metadata read attempts cut from 100 to 12: with the default, one

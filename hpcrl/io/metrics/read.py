@@ -146,7 +146,8 @@ def _read_open_file(f: h5py.File, check_inside: bool = False) -> dict[str, Any]:
         raise MetricsError(f"missing attributes {missing}")
     # Row counts first: rows below them were complete on disk before the counts were written.
     committed = np.asarray(f["status/committed_rows"][()], dtype=np.int64)
-    file_size = os.path.getsize(f.filename) if check_inside else None  # after the counts
+    # After the counts, and of the file held open (a resume may have replaced the path's).
+    file_size = os.fstat(f.id.get_vfd_handle()).st_size if check_inside else None
     out: dict[str, Any] = {
         "attrs": attrs,
         "status": _as_python(f["status/state"][()]),

@@ -49,13 +49,16 @@ typedef struct {
 typedef void (*LoopFn)(void *const *bufs, Py_ssize_t n, const double *c);
 
 /* Takes every buffer (all or none: a failure releases those already taken and sets the error),
- * checks each is C-contiguous with its format and that all hold the same number of elements. */
+ * checks each is C-contiguous with its format and that format's C size, and that all hold the
+ * same number of elements. */
 static int take_buffers(PyObject *const *objs, const BufSpec *specs, int count, Py_buffer *b,
                         Py_ssize_t *n, const char *names) {
     for (int i = 0; i < count; i++) {
         int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (specs[i].writable ? PyBUF_WRITABLE : 0);
         int ok = PyObject_GetBuffer(objs[i], &b[i], flags) == 0;
-        if (ok && (b[i].format == NULL || strcmp(b[i].format, specs[i].format) != 0)) {
+        const Py_ssize_t size = specs[i].format[0] == 'f' ? sizeof(float) : sizeof(double);
+        if (ok && (b[i].format == NULL || strcmp(b[i].format, specs[i].format) != 0 ||
+                   b[i].itemsize != size)) {
             PyErr_Format(PyExc_TypeError, "%s must be a contiguous %s buffer", specs[i].name,
                          specs[i].format[0] == 'f' ? "float32" : "float64");
             PyBuffer_Release(&b[i]);
