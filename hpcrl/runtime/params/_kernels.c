@@ -102,9 +102,6 @@ static PyObject *run_kernel(PyObject *const *objs, const BufSpec *specs, int cou
     Py_RETURN_NONE;
 }
 
-static const BufSpec FOUR_F32[4] = {
-    {"theta_in", "f", 0}, {"grad", "f", 0}, {"acc", "f", 1}, {"theta_out", "f", 1}};
-
 /* Each loop is a function with restrict parameters: GCC takes restrict from function parameters
  * (not from a block's locals), and without it four or five arrays need alias checks that it may
  * not version a loop for (the Adam loop stayed scalar that way: 4x the RMSProp kernel's time). */
@@ -127,6 +124,8 @@ static void scaled_bufs(void *const *p, Py_ssize_t n, const double *c) {
 
 /* scaled_step(theta_in, grad, acc, theta_out, decay, eps, lr, adagrad) */
 static PyObject *scaled_step(PyObject *self, PyObject *args) {
+    static const BufSpec specs[4] = {
+        {"theta_in", "f", 0}, {"grad", "f", 0}, {"acc", "f", 1}, {"theta_out", "f", 1}};
     PyObject *o[4];
     double decay;
     float eps, lr;
@@ -137,7 +136,7 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
     /* 1 - decay in double, then rounded, as numpy's float32(1.0 - decay) */
     const double c[4] = {adagrad ? 1.0f : (float)decay, adagrad ? 1.0f : (float)(1.0 - decay),
                          eps, lr};
-    return run_kernel(o, FOUR_F32, 4, "theta_in, grad, acc and theta_out", scaled_bufs, c, 1);
+    return run_kernel(o, specs, 4, "theta_in, grad, acc and theta_out", scaled_bufs, c, 1);
 }
 
 /* adagrad_step(theta_in, grad, acc, theta_out, eps, lr): AdaGrad with a float64 accumulator.
