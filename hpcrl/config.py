@@ -148,7 +148,8 @@ class Config:
     n_step: int = _f(1, "Gorila: learn from n-step returns sampled from replay (each stops at "
                      "a terminal, its episode's end or the newest step; 1 = DQN's one-step "
                      "target; 3 in Rainbow)", lo=1, hi=100)
-    update_every: int = _f(4, "bundled mode: one learner update per this many agent steps", lo=1)
+    update_every: int = _f(4, "bundled mode: one learner update per this many agent steps "
+                               "(summed over the bundle's envs_per_actor environments)", lo=1)
     split_update_every: int = _f(0, "split mode: the learners together apply at most one "
                                  "update per this many global agent steps, waiting for the "
                                  "actors (bundled mode's update_every, for comparing layouts "

@@ -229,6 +229,37 @@ def test_split_mode_keeps_to_split_update_every(layout, every, floor, tmp_path):
     assert floor(frames) <= updates <= frames // every + 2 * 3, (frames, updates)
 
 
+def test_bundle_updates_keep_the_replay_ratio_whatever_the_environments():
+    """One update per ``update_every`` agent steps summed over a bundle's environments: after
+    s batched steps of n environments, s * n // every updates in all (worked out by hand)."""
+    from hpcrl.agents.gorila.workers import updates_due
+
+    assert [updates_due(s, 1, 4) for s in range(1, 9)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    assert [updates_due(s, 8, 8) for s in range(1, 5)] == [1, 1, 1, 1]
+    assert [updates_due(s, 16, 8) for s in range(1, 4)] == [2, 2, 2]
+    assert [updates_due(s, 3, 2) for s in range(1, 5)] == [1, 2, 1, 2]   # 3, 6, 9, 12 steps
+    for n, every in ((1, 1), (3, 2), (5, 8), (8, 3)):
+        assert sum(updates_due(s, n, every) for s in range(1, 101)) == 100 * n // every
+
+
+def test_bundles_with_several_environments_update_per_agent_step(tmp_path):
+    """A bundled job of 3 bundles x 4 CartPole environments at update_every 2 applies about
+    one update per 2 agent steps of the whole job once the replays are filled (the steps
+    before the fill owe none): (frames - 3 x fill) / 2, less the gradients still in flight
+    and dropped ones, never more than frames / 2."""
+    run_dir = tmp_path / "r"
+    proc, _ = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
+                          "--set", "envs_per_actor=4", "--set", "total_frames=12000",
+                          "--set", "replay_min_fill=400", "--set", f"run_dir={run_dir}"],
+                      timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    train = read_metrics(run_dir / "metrics.h5")["train"]
+    frames, updates = int(train["frames"][-1]), int(train["updates"][-1])
+    dropped = int(train["dropped_stale"][-1])
+    assert frames >= 12000
+    assert 0.9 * (frames - 3 * 400) / 2 <= updates + dropped <= frames / 2, (frames, updates)
+
+
 def test_split_pacing_rules_never_both_wait():
     """If both sides could wait at once the job would hang: check every small case."""
     from hpcrl.agents.gorila.workers import actors_ahead, learners_ahead

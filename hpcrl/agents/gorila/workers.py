@@ -1,9 +1,10 @@
 """Gorila's client roles as workers of the one client loop (:mod:`hpcrl.runtime.client`).
 
 * :class:`BundleWorker`: the paper's main configuration (§4): one rank holds an actor, its
-  local replay memory and a learner. Every ``update_every`` agent steps, once the replay
-  holds ``replay_min_fill`` transitions, the learner refreshes its Q-network from the store
-  (every ``learner_sync_every`` updates) and its target network when the ps has refreshed it,
+  local replay memory and a learner. Every ``update_every`` agent steps (summed over the
+  bundle's ``envs_per_actor`` environments), once the replay holds ``replay_min_fill``
+  transitions, the learner refreshes its Q-network from the store (every
+  ``learner_sync_every`` updates) and its target network when the ps has refreshed it,
   samples a minibatch, computes the DQN gradient and pushes it, tagged with the parameter
   versions it was computed from. Actor and learner share one network object: the learner's
   pulls also refresh the behaviour policy.
@@ -95,16 +96,18 @@ class BundleWorker(WorkerBase):
     def step(self) -> None:
         actor, cfg = self.actor, self.cfg
         actor.step()
-        if actor.steps % cfg.update_every or min(r.size for r in self.replays) < self.min_fill:
+        due = updates_due(actor.steps, self.n_env, cfg.update_every)
+        if not due or min(r.size for r in self.replays) < self.min_fill:
             return
-        if self.learner.stats.updates % cfg.learner_sync_every == 0:
-            actor.sync()
-        self.target.refresh()
-        replay = self.replays[int(actor.rng.integers(self.n_env))]
-        grad = self.learner.gradient(replay.sample(cfg.batch_size))
-        if grad is not None:
-            self.store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames),
-                            self.learner.sq_norm)
+        for _ in range(due):
+            if self.learner.stats.updates % cfg.learner_sync_every == 0:
+                actor.sync()
+            self.target.refresh()
+            replay = self.replays[int(actor.rng.integers(self.n_env))]
+            grad = self.learner.gradient(replay.sample(cfg.batch_size))
+            if grad is not None:
+                self.store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames),
+                                self.learner.sq_norm)
 
     def stats(self) -> LearnerStats:
         return self.learner.stats
@@ -129,6 +132,15 @@ class BundleWorker(WorkerBase):
 
     def close(self) -> None:
         self.env.close()
+
+
+def updates_due(acting_steps: int, n_env: int, every: int) -> int:
+    """Learner updates a bundle owes after its ``acting_steps``-th batched acting step, at one
+    update per ``every`` agent steps summed over its ``n_env`` environments: the replay ratio
+    (``batch_size / every`` samples per stored transition) is then the same whatever the
+    number of environments. With one environment, one update every ``every`` steps; with
+    ``n_env`` a multiple of ``every``, ``n_env / every`` updates after every step."""
+    return acting_steps * n_env // every - (acting_steps - 1) * n_env // every
 
 
 def learners_ahead(applied: int, agent_steps: int, every: int) -> bool:
