@@ -392,6 +392,19 @@ def test_bench_gradient_a3c_lstm_prints_its_ratio():
         result["learner_ms"] / result["step_by_step_ms"], abs=2e-3)
 
 
+def test_bench_env_prints_its_ratios():
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.bench", "env", "--envs", "2",
+                           "--steps", "5", "--blocks", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "env" and result["envs"] == 2
+    assert result["resize_c_over_pil"] == pytest.approx(
+        result["resize_c_ms"] / result["resize_pil_ms"], rel=1e-9)
+    assert result["step_c_over_pil"] == pytest.approx(
+        result["step_c_ms_per_agent_step"] / result["step_pil_ms_per_agent_step"], rel=1e-9)
+
+
 @pytest.mark.mpi
 def test_bench_scaling_prints_json():
     """A short `bench scaling` (two real A3C Pong jobs of a few seconds each): the JSON contract

@@ -7,7 +7,8 @@ import ale_py
 import numpy as np
 import pytest
 
-from hpcrl.envs import StepResult, make_env, resize_84x84
+from hpcrl.envs import StepResult, atari, make_env, resize_84x84
+from hpcrl.envs.atari import resize_84x84_pil
 
 
 def _random_actions(env, seed, num_steps):
@@ -254,7 +255,12 @@ def _resize_each(screens):
     return np.stack([np.asarray(Image.fromarray(s).resize((84, 84), Image.BOX)) for s in screens])
 
 
-def test_batched_resize_equals_each_screen_resized_alone():
+@pytest.mark.parametrize("resize", [resize_84x84, resize_84x84_pil], ids=["c", "pil"])
+def test_batched_resize_equals_each_screen_resized_alone(resize):
+    """Both resize paths give PIL's pixels of each screen resized alone, on real screens and
+    on noise (where any window or rounding difference shows) and at the extremes."""
+    if resize is resize_84x84 and atari._frames is None:
+        pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
     env = make_env("breakout", 8, seed=3, training=True)
     env.reset()
     checked = 0
@@ -262,11 +268,39 @@ def test_batched_resize_equals_each_screen_resized_alone():
         env.step(actions)
         screens = env._pooled                         # real max-pooled grayscale screens
         for n in (1, 3, 8):
-            np.testing.assert_array_equal(resize_84x84(screens[:n]), _resize_each(screens[:n]))
+            np.testing.assert_array_equal(resize(screens[:n]), _resize_each(screens[:n]))
             checked += n
-    noise = np.random.default_rng(0).integers(0, 256, (5, 210, 160), dtype=np.uint8)
-    np.testing.assert_array_equal(resize_84x84(noise), _resize_each(noise))
     assert checked == 60 * 12
+    noise = np.random.default_rng(0).integers(0, 256, (64, 210, 160), dtype=np.uint8)
+    np.testing.assert_array_equal(resize(noise), _resize_each(noise))
+    flat = np.stack([np.full((210, 160), v, np.uint8) for v in (0, 1, 254, 255)])
+    np.testing.assert_array_equal(resize(flat), _resize_each(flat))
+
+
+def test_c_resize_refuses_windows_outside_the_screen():
+    """box_resize checks every window against the input and its table before writing."""
+    if atari._frames is None:
+        pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
+    screens = np.zeros((2, 210, 160), np.uint8)
+    h, v = atari.box_windows(160, 84), atari.box_windows(210, 84)
+    out = np.full((2, 84, 84), 7, np.uint8)
+    first = h[0].copy()
+    first[-1] = 159                                   # a 2-pixel window from the last column
+    with pytest.raises(ValueError, match="horizontal window 83"):
+        atari._frames.box_resize(screens, out, first, h[1], h[2], *v)
+    count = v[1].copy()
+    count[0] = 4                                      # beyond the table's counts
+    with pytest.raises(ValueError, match="vertical window 0"):
+        atari._frames.box_resize(screens, out, *h, v[0], count, v[2])
+    with pytest.raises(TypeError, match="src must be a contiguous 3D uint8"):
+        atari._frames.box_resize(screens.astype(np.int16), out, *h, *v)
+    read_only = np.zeros((2, 84, 84), np.uint8)
+    read_only.setflags(write=False)
+    with pytest.raises((BufferError, ValueError), match="read-only"):
+        atari._frames.box_resize(screens, read_only, *h, *v)
+    assert (out == 7).all() and not read_only.any()
+    atari._frames.box_resize(screens, out, *h, *v)    # the same arguments, corrected
+    assert not out.any()
 
 
 def _stream_digest(game, num_envs, num_steps, seed, training):

@@ -1,4 +1,4 @@
-"""Benchmarks (``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient``), kept
+"""Benchmarks (``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient|env``), kept
 apart from the algorithms they measure. Each prints its figures, the last line one JSON object;
 targets are ratios measured within one run (the machines are shared and noisy), never timed
 tests.
@@ -10,4 +10,5 @@ tests.
   :mod:`.gorila` (the Gorila job against its compute bound), run as jobs by :mod:`.jobs`.
 * :mod:`.raw`: the raw bound of every job benchmark, ALE alone on every core.
 * :mod:`.gradient`: the A3C rollout gradient against its variants (one core).
+* :mod:`.envstep`: the Atari environment step with the C and the PIL frame resize (one core).
 """

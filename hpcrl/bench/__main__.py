@@ -1,4 +1,4 @@
-"""``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient``: benchmarks that
+"""``python -m hpcrl.bench ps|actor|learner|scaling|checkpoint|gradient|env``: benchmarks that
 print their figures, the last line of each one JSON object (see :mod:`hpcrl.bench`)."""
 
 from __future__ import annotations
@@ -30,12 +30,20 @@ def main(argv: list[str] | None = None) -> int:
     grad.add_argument("--algo", choices=("a3c", "n_step_q", "a3c_lstm"), default="a3c")
     grad.add_argument("--blocks", type=int, default=7)
     grad.add_argument("--reps", type=int, default=20)
+    env = sub.add_parser("env", help="the Atari environment step with the C and the PIL resize")
+    env.add_argument("--envs", type=int, default=8)
+    env.add_argument("--steps", type=int, default=200, help="batched steps per block")
+    env.add_argument("--blocks", type=int, default=7)
     args, rest = p.parse_known_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.what == "ps":
         from hpcrl.bench.ps import bench_ps
 
         result = bench_ps(args.floats, args.reps, args.idle_s, args.optimizer)
+    elif args.what == "env":
+        from hpcrl.bench.envstep import bench_env_step
+
+        result = bench_env_step(args.envs, args.steps, args.blocks)
     elif args.what == "gradient":
         from hpcrl.bench import gradient
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from hpcrl.envs.base import Episodes, StepResult, check_actions
@@ -12,7 +15,91 @@ FRAME_HEIGHT = 84
 FRAME_WIDTH = 84
 
 
+try:      # the resize in C (_frames.c beside this file), built by pip install when a compiler exists
+    from hpcrl.envs import _frames
+except ImportError:  # pragma: no cover - without a compiler: PIL
+    _frames = None
+
+ALE_SCREEN = (210, 160)  # the emulator's screen, rows x columns, for every game
+PRECISION_BITS = 22     # Pillow's fixed-point fraction bits for 8-bit images (32 - 8 - 2)
+
+
+def box_weights(in_size: int, out_size: int) -> list[tuple[int, list[int]]]:
+    """Pillow's BOX filter along one axis, as its ``precompute_coeffs`` and
+    ``normalize_coeffs_8bpc`` compute it (src/libImaging/Resample.c), in the same double
+    arithmetic (Python floats are IEEE doubles): for each output index, the first input index
+    of its window and the window's weights in fixed point (``PRECISION_BITS``).
+
+    The BOX filter weighs 1 every input pixel whose centre lies inside the output pixel's
+    footprint, normalised by their count.
+    """
+    scale = float(in_size) / out_size          # Pillow: (double)(in1 - in0) / outSize
+    filterscale = max(scale, 1.0)
+    support = 0.5 * filterscale                # the BOX filter's support, 0.5
+    ss = 1.0 / filterscale
+    out = []
+    for xx in range(out_size):
+        center = 0.0 + (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        xmax = min(int(center + support + 0.5), in_size) - xmin
+        w = [1.0 if -0.5 < ((x + xmin) - center + 0.5) * ss <= 0.5 else 0.0 for x in range(xmax)]
+        ww = sum(w)
+        out.append((xmin, [int(0.5 + (k / ww if ww != 0.0 else k) * (1 << PRECISION_BITS))
+                           for k in w]))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def box_windows(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows of :func:`box_weights` as `_frames.box_resize` takes them: the first input
+    index and the count of each window's weighted pixels ([out_size] int32 each), and the
+    table of each output value by count and pixel sum, ``lut[count, sum]`` = Pillow's rounded
+    fixed-point sum ([max count + 1, 255 * max count + 1] uint8).
+
+    Raises ValueError where a window's weighted pixels are not contiguous or not all alike, or
+    two windows of one count weigh differently (not so for BOX; the table would not hold).
+    """
+    first, count, weight_of = [], [], {0: 0}
+    for xmin, w in box_weights(in_size, out_size):
+        used = [i for i, k in enumerate(w) if k]
+        weight = w[used[0]] if used else 0
+        if used and (used != list(range(used[0], used[-1] + 1)) or any(w[i] != weight for i in used)):
+            raise ValueError("a BOX window with a gap or unequal weights")
+        if weight_of.setdefault(len(used), weight) != weight:
+            raise ValueError("BOX windows of one size weigh differently")
+        first.append(xmin + used[0] if used else min(xmin, in_size - 1))
+        count.append(len(used))
+    top = max(count)
+    sums = np.arange(255 * top + 1, dtype=np.int64)
+    lut = np.zeros((top + 1, sums.size), np.uint8)
+    for c, k in weight_of.items():
+        lut[c] = np.clip(((1 << (PRECISION_BITS - 1)) + k * sums) >> PRECISION_BITS, 0, 255)
+    arrays = (np.array(first, np.int32), np.array(count, np.int32), lut)
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
 def resize_84x84(screens: np.ndarray) -> np.ndarray:
+    """[n, H, W] uint8 grayscale screens -> [n, 84, 84] uint8 with PIL's BOX filter.
+
+    The ALE's 210 x 160 screens go through Pillow's own BOX arithmetic in the C extension
+    (`_frames.c`), in one call from the contiguous batch: the same pixels as PIL (tested
+    against PIL on real and random screens), without PIL's per-call image objects and copies.
+    The extension runs Pillow's horizontal pass first, as Pillow does for this shape (for some
+    other shapes Pillow 13 runs the vertical pass first, which rounds differently), so other
+    shapes, and every shape without the extension, go through PIL (:func:`resize_84x84_pil`).
+    """
+    screens = np.ascontiguousarray(screens, np.uint8)
+    n, h, w = screens.shape
+    if _frames is None or (h, w) != ALE_SCREEN:
+        return resize_84x84_pil(screens)
+    out = np.empty((n, FRAME_HEIGHT, FRAME_WIDTH), np.uint8)
+    _frames.box_resize(screens, out, *box_windows(w, FRAME_WIDTH), *box_windows(h, FRAME_HEIGHT))
+    return out
+
+
+def resize_84x84_pil(screens: np.ndarray) -> np.ndarray:
     """[n, H, W] uint8 grayscale screens -> [n, 84, 84] uint8 with PIL's BOX filter.
 
     BOX averages the input pixels whose centres fall inside each output pixel's footprint,

@@ -1,0 +1,55 @@
+"""``python -m hpcrl.bench env``: the Atari environment step with each frame resize, in one
+process on one core: the C resize (``hpcrl.envs._frames``, the default where it is built)
+against PIL's (:func:`hpcrl.envs.atari.resize_84x84_pil`), the same pixels either way.
+
+Both are timed on the same environments in alternating blocks (medians): the resize alone on
+the batch of real max-pooled screens it gets in a step, and the whole step of ``envs``
+Pong environments with random actions, in milliseconds per agent step (one environment's
+step of 4 emulator frames) and as ratios, C over PIL.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def _ms_per_call(fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e3
+
+
+def bench_env_step(envs: int, steps: int, blocks: int) -> dict:
+    """See the module docstring; ``steps`` batched steps per block, ``blocks`` blocks each."""
+    from hpcrl.envs import atari
+
+    if atari._frames is None:
+        raise SystemExit("bench env: hpcrl.envs._frames is not built (pip install -e . with a "
+                         "C compiler)")
+    env = atari.AtariEnv("pong", envs, 0, training=True)
+    env.reset()
+    rng = np.random.default_rng(0)
+    resizes = {"c": atari.resize_84x84, "pil": atari.resize_84x84_pil}
+    ms = {f"{what}_{k}": [] for what in ("resize", "step") for k in resizes}
+
+    def step():
+        env.step(rng.integers(env.num_actions, size=envs))
+
+    step()
+    for _ in range(blocks):
+        for k, resize in resizes.items():
+            env._resize = resize
+            screens = env._pooled.copy()
+            ms[f"resize_{k}"].append(_ms_per_call(lambda: resize(screens), steps))
+            ms[f"step_{k}"].append(_ms_per_call(step, steps) / envs)
+    med = {k: float(np.median(v)) for k, v in ms.items()}
+    return {"bench": "env", "game": "pong", "envs": envs, "steps_per_block": steps,
+            "blocks": blocks,
+            "resize_c_ms": med["resize_c"], "resize_pil_ms": med["resize_pil"],
+            "resize_c_over_pil": med["resize_c"] / med["resize_pil"],
+            "step_c_ms_per_agent_step": med["step_c"],
+            "step_pil_ms_per_agent_step": med["step_pil"],
+            "step_c_over_pil": med["step_c"] / med["step_pil"]}

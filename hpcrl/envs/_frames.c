@@ -1,0 +1,175 @@
+/* The Atari frames' 84x84 resize in C (optional extension; hpcrl.envs.atari falls back to PIL).
+ *
+ * The same result as Pillow's BOX resize of an 8-bit image (src/libImaging/Resample.c): a
+ * horizontal pass into an 8-bit intermediate image, then a vertical pass, each output pixel the
+ * rounded fixed-point sum (22 fraction bits) of its window's input pixels times the window's
+ * weight. A BOX window weighs all its pixels alike (1 / count, in fixed point), so that sum is
+ * the weight times the pixels' plain sum: each pass adds up its windows and looks the result up
+ * in a table by count and sum, made in Python from Pillow's own weights
+ * (hpcrl.envs.atari.box_windows). The pixels are Pillow's, bit for bit (tests/test_envs.py).
+ * The vertical pass adds whole rows, which the compiler vectorises; the batch is resized in
+ * one call straight from the emulators' buffer, without PIL's image objects and copies.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One filter direction: for each output index the first input index and the input count of
+ * its window, and the table of results by window sum: lut[count * lut_stride + sum]. */
+typedef struct {
+    const int32_t *first, *count;
+    const uint8_t *lut;
+    Py_ssize_t out, lut_stride;
+    int32_t max_count;
+} Windows;
+
+/* One screen: rows [row0, row0 + rows) of src (width w) through the horizontal pass into tmp
+ * (rows x h.out), then tmp through the vertical pass into dst (v.out x h.out). The vertical
+ * pass sums whole rows of tmp (contiguous, so the compiler vectorises it) into `sums`. */
+static void resize_one(const uint8_t *restrict src, Py_ssize_t w, Py_ssize_t row0, Py_ssize_t rows,
+                       uint8_t *restrict tmp, uint16_t *restrict sums, uint8_t *restrict dst,
+                       const Windows *h, const Windows *v) {
+    const Py_ssize_t ow = h->out;
+    for (Py_ssize_t y = 0; y < rows; y++) {
+        const uint8_t *line = src + (row0 + y) * w;
+        uint8_t *out = tmp + y * ow;
+        if (h->max_count == 2) { /* the ALE's 160 columns: windows of 1 or 2 pixels */
+            for (Py_ssize_t xx = 0; xx < ow; xx++) {
+                const int32_t f = h->first[xx], c = h->count[xx];
+                const int32_t second = line[f + (c > 1)] & -(int32_t)(c > 1);
+                out[xx] = h->lut[c * h->lut_stride + line[f] + second];
+            }
+            continue;
+        }
+        for (Py_ssize_t xx = 0; xx < ow; xx++) {
+            const uint8_t *in = line + h->first[xx];
+            const int32_t count = h->count[xx];
+            int32_t sum = 0;
+            for (int32_t x = 0; x < count; x++) sum += in[x];
+            out[xx] = h->lut[count * h->lut_stride + sum];
+        }
+    }
+    for (Py_ssize_t yy = 0; yy < v->out; yy++) {
+        const uint8_t *in = tmp + (v->first[yy] - row0) * ow;
+        const int32_t count = v->count[yy];
+        const uint8_t *lut = v->lut + count * v->lut_stride;
+        for (Py_ssize_t xx = 0; xx < ow; xx++) sums[xx] = 0;
+        for (int32_t y = 0; y < count; y++)
+            for (Py_ssize_t xx = 0; xx < ow; xx++) sums[xx] += in[y * ow + xx];
+        uint8_t *out = dst + yy * ow;
+        for (Py_ssize_t xx = 0; xx < ow; xx++) out[xx] = lut[sums[xx]];
+    }
+}
+
+/* Takes a C-contiguous buffer of `format` with `ndim` dimensions; -1 with an error set. */
+static int take(PyObject *obj, Py_buffer *b, const char *name, const char *format, int ndim,
+                int writable) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, b, flags) != 0) return -1;
+    const char *f = b->format ? b->format : "B";
+    if (f[0] == '=' || f[0] == '<' || f[0] == '@') f++;
+    int ok = b->ndim == ndim && strcmp(f, format) == 0 &&
+             b->itemsize == (format[0] == 'B' ? 1 : (Py_ssize_t)sizeof(int32_t));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous %dD %s array", name, ndim,
+                     format[0] == 'B' ? "uint8" : "int32");
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks one direction's arrays: every window inside [0, in_size) (an empty one's first index
+ * too: the two-pixel loop reads it), every count and sum inside the table (a sum of `count`
+ * uint8 values is at most 255 * count); notes the largest count. */
+static int check_windows(Windows *c, const Py_buffer *first, const Py_buffer *count,
+                         const Py_buffer *lut, Py_ssize_t in_size, const char *which) {
+    if (first->shape[0] != c->out || count->shape[0] != c->out) {
+        PyErr_Format(PyExc_ValueError, "%s windows do not match the output size", which);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < c->out; i++) {
+        if (c->first[i] < 0 || c->count[i] < 0 || c->count[i] >= lut->shape[0] ||
+            c->count[i] > 255 || 255 * (Py_ssize_t)c->count[i] >= c->lut_stride ||
+            c->first[i] + (c->count[i] > 0 ? c->count[i] : 1) > in_size) {
+            PyErr_Format(PyExc_ValueError, "%s window %zd reaches outside the input or its table",
+                         which, i);
+            return -1;
+        }
+        if (c->count[i] > c->max_count) c->max_count = c->count[i];
+    }
+    return 0;
+}
+
+#define NBUF 8
+
+static PyObject *box_resize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char *names[NBUF] = {"src", "dst", "h_first", "h_count", "h_lut",
+                                      "v_first", "v_count", "v_lut"};
+    static const char *formats[NBUF] = {"B", "B", "i", "i", "B", "i", "i", "B"};
+    static const int dims[NBUF] = {3, 3, 1, 1, 2, 1, 1, 2};
+    if (nargs != NBUF) {
+        PyErr_SetString(PyExc_TypeError, "box_resize(src, dst, h_first, h_count, h_lut, "
+                                         "v_first, v_count, v_lut)");
+        return NULL;
+    }
+    Py_buffer b[NBUF];
+    int taken = 0;
+    for (; taken < NBUF; taken++) {
+        if (take(args[taken], &b[taken], names[taken], formats[taken], dims[taken],
+                 taken == 1) != 0)
+            goto fail;
+    }
+    const Py_ssize_t n = b[0].shape[0], hin = b[0].shape[1], win = b[0].shape[2];
+    Windows h = {b[2].buf, b[3].buf, b[4].buf, b[1].shape[2], b[4].shape[1]};
+    Windows v = {b[5].buf, b[6].buf, b[7].buf, b[1].shape[1], b[7].shape[1]};
+    if (b[1].shape[0] != n) {
+        PyErr_SetString(PyExc_ValueError, "src and dst hold different numbers of screens");
+        goto fail;
+    }
+    h.max_count = v.max_count = 0;
+    if (check_windows(&h, &b[2], &b[3], &b[4], win, "horizontal") != 0 ||
+        check_windows(&v, &b[5], &b[6], &b[7], hin, "vertical") != 0)
+        goto fail;
+    Py_ssize_t row0 = hin, row1 = 0; /* the input rows the vertical pass reads */
+    for (Py_ssize_t i = 0; i < v.out; i++) {
+        if (v.count[i] == 0) continue;
+        if (v.first[i] < row0) row0 = v.first[i];
+        if (v.first[i] + v.count[i] > row1) row1 = v.first[i] + v.count[i];
+    }
+    if (row1 < row0) row0 = row1 = 0;
+    uint8_t *tmp = malloc((size_t)((row1 - row0) * h.out + 1));
+    uint16_t *sums = malloc((size_t)(h.out + 1) * sizeof(uint16_t));
+    if (tmp == NULL || sums == NULL) {
+        free(tmp);
+        free(sums);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        resize_one((const uint8_t *)b[0].buf + i * hin * win, win, row0, row1 - row0, tmp, sums,
+                   (uint8_t *)b[1].buf + i * v.out * h.out, &h, &v);
+    Py_END_ALLOW_THREADS
+    free(tmp);
+    free(sums);
+    for (int i = 0; i < NBUF; i++) PyBuffer_Release(&b[i]);
+    Py_RETURN_NONE;
+fail:
+    while (taken-- > 0) PyBuffer_Release(&b[taken]);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"box_resize", (PyCFunction)(void (*)(void))box_resize, METH_FASTCALL,
+     "box_resize(src, dst, h_first, h_count, h_lut, v_first, v_count, v_lut): "
+     "[n, H, W] uint8 screens -> [n, OH, OW] uint8, Pillow's BOX resize arithmetic."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frames", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__frames(void) { return PyModule_Create(&module); }
