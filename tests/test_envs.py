@@ -277,6 +277,17 @@ def test_batched_resize_equals_each_screen_resized_alone(resize):
     np.testing.assert_array_equal(resize(flat), _resize_each(flat))
 
 
+def test_resize_of_other_shapes_and_without_the_extension_is_pils(monkeypatch):
+    """Only the ALE's 210 x 160 screens take the C path: Pillow 13 resizes a 250 x 160 screen
+    vertical pass first, which the C path would not match; without the extension, PIL."""
+    rng = np.random.default_rng(5)
+    tall = rng.integers(0, 256, (1, 250, 160), dtype=np.uint8)
+    np.testing.assert_array_equal(resize_84x84(tall), _resize_each(tall))
+    screens = rng.integers(0, 256, (3, 210, 160), dtype=np.uint8)
+    monkeypatch.setattr(atari, "_frames", None)
+    np.testing.assert_array_equal(resize_84x84(screens), _resize_each(screens))
+
+
 def test_c_resize_refuses_windows_outside_the_screen():
     """box_resize checks every window against the input and its table before writing."""
     if atari._frames is None:
@@ -284,14 +295,23 @@ def test_c_resize_refuses_windows_outside_the_screen():
     screens = np.zeros((2, 210, 160), np.uint8)
     h, v = atari.box_windows(160, 84), atari.box_windows(210, 84)
     out = np.full((2, 84, 84), 7, np.uint8)
-    first = h[0].copy()
-    first[-1] = 159                                   # a 2-pixel window from the last column
-    with pytest.raises(ValueError, match="horizontal window 83"):
-        atari._frames.box_resize(screens, out, first, h[1], h[2], *v)
+    for i, value, which in ((83, 159, "horizontal"),      # a 2-pixel window from the last column
+                            (0, -1, "horizontal"),
+                            (0, 2 ** 31 - 1, "horizontal"),  # first + count wraps in int32
+                            (83, 209, "vertical"),         # a 2-row window from the last row
+                            (0, 2 ** 31 - 1, "vertical")):
+        windows = {"horizontal": list(h), "vertical": list(v)}
+        first = windows[which][0].copy()
+        first[i] = value
+        windows[which][0] = first
+        with pytest.raises(ValueError, match=f"{which} window {i} "):
+            atari._frames.box_resize(screens, out, *windows["horizontal"], *windows["vertical"])
     count = v[1].copy()
     count[0] = 4                                      # beyond the table's counts
     with pytest.raises(ValueError, match="vertical window 0"):
         atari._frames.box_resize(screens, out, *h, v[0], count, v[2])
+    with pytest.raises(ValueError, match="horizontal window 0"):      # a table too narrow
+        atari._frames.box_resize(screens, out, *h[:2], np.ascontiguousarray(h[2][:, :300]), *v)
     with pytest.raises(TypeError, match="src must be a contiguous 3D uint8"):
         atari._frames.box_resize(screens.astype(np.int16), out, *h, *v)
     read_only = np.zeros((2, 84, 84), np.uint8)

@@ -38,8 +38,9 @@ static void resize_one(const uint8_t *restrict src, Py_ssize_t w, Py_ssize_t row
         if (h->max_count == 2) { /* the ALE's 160 columns: windows of 1 or 2 pixels */
             for (Py_ssize_t xx = 0; xx < ow; xx++) {
                 const int32_t f = h->first[xx], c = h->count[xx];
-                const int32_t second = line[f + (c > 1)] & -(int32_t)(c > 1);
-                out[xx] = h->lut[c * h->lut_stride + line[f] + second];
+                const int32_t one = line[f] & -(int32_t)(c > 0);
+                const int32_t two = line[f + (c > 1)] & -(int32_t)(c > 1);
+                out[xx] = h->lut[c * h->lut_stride + one + two];
             }
             continue;
         }
@@ -52,12 +53,14 @@ static void resize_one(const uint8_t *restrict src, Py_ssize_t w, Py_ssize_t row
         }
     }
     for (Py_ssize_t yy = 0; yy < v->out; yy++) {
-        const uint8_t *in = tmp + (v->first[yy] - row0) * ow;
         const int32_t count = v->count[yy];
         const uint8_t *lut = v->lut + count * v->lut_stride;
         for (Py_ssize_t xx = 0; xx < ow; xx++) sums[xx] = 0;
-        for (int32_t y = 0; y < count; y++)
-            for (Py_ssize_t xx = 0; xx < ow; xx++) sums[xx] += in[y * ow + xx];
+        if (count > 0) { /* an empty window's first row may lie outside tmp */
+            const uint8_t *in = tmp + (v->first[yy] - row0) * ow;
+            for (int32_t y = 0; y < count; y++)
+                for (Py_ssize_t xx = 0; xx < ow; xx++) sums[xx] += in[y * ow + xx];
+        }
         uint8_t *out = dst + yy * ow;
         for (Py_ssize_t xx = 0; xx < ow; xx++) out[xx] = lut[sums[xx]];
     }
@@ -93,7 +96,7 @@ static int check_windows(Windows *c, const Py_buffer *first, const Py_buffer *co
     for (Py_ssize_t i = 0; i < c->out; i++) {
         if (c->first[i] < 0 || c->count[i] < 0 || c->count[i] >= lut->shape[0] ||
             c->count[i] > 255 || 255 * (Py_ssize_t)c->count[i] >= c->lut_stride ||
-            c->first[i] + (c->count[i] > 0 ? c->count[i] : 1) > in_size) {
+            (Py_ssize_t)c->first[i] + (c->count[i] > 0 ? c->count[i] : 1) > in_size) {
             PyErr_Format(PyExc_ValueError, "%s window %zd reaches outside the input or its table",
                          which, i);
             return -1;
@@ -124,13 +127,12 @@ static PyObject *box_resize(PyObject *self, PyObject *const *args, Py_ssize_t na
             goto fail;
     }
     const Py_ssize_t n = b[0].shape[0], hin = b[0].shape[1], win = b[0].shape[2];
-    Windows h = {b[2].buf, b[3].buf, b[4].buf, b[1].shape[2], b[4].shape[1]};
-    Windows v = {b[5].buf, b[6].buf, b[7].buf, b[1].shape[1], b[7].shape[1]};
+    Windows h = {b[2].buf, b[3].buf, b[4].buf, b[1].shape[2], b[4].shape[1], 0};
+    Windows v = {b[5].buf, b[6].buf, b[7].buf, b[1].shape[1], b[7].shape[1], 0};
     if (b[1].shape[0] != n) {
         PyErr_SetString(PyExc_ValueError, "src and dst hold different numbers of screens");
         goto fail;
     }
-    h.max_count = v.max_count = 0;
     if (check_windows(&h, &b[2], &b[3], &b[4], win, "horizontal") != 0 ||
         check_windows(&v, &b[5], &b[6], &b[7], hin, "vertical") != 0)
         goto fail;
@@ -138,7 +140,7 @@ static PyObject *box_resize(PyObject *self, PyObject *const *args, Py_ssize_t na
     for (Py_ssize_t i = 0; i < v.out; i++) {
         if (v.count[i] == 0) continue;
         if (v.first[i] < row0) row0 = v.first[i];
-        if (v.first[i] + v.count[i] > row1) row1 = v.first[i] + v.count[i];
+        if ((Py_ssize_t)v.first[i] + v.count[i] > row1) row1 = (Py_ssize_t)v.first[i] + v.count[i];
     }
     if (row1 < row0) row0 = row1 = 0;
     uint8_t *tmp = malloc((size_t)((row1 - row0) * h.out + 1));
@@ -149,11 +151,12 @@ static PyObject *box_resize(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_NoMemory();
         goto fail;
     }
-    Py_BEGIN_ALLOW_THREADS
+    /* The GIL stays held: the windows were checked in the caller's arrays, which another
+     * thread could otherwise change under the loop (a rank steps its environments on one
+     * thread, so releasing it would gain nothing). */
     for (Py_ssize_t i = 0; i < n; i++)
         resize_one((const uint8_t *)b[0].buf + i * hin * win, win, row0, row1 - row0, tmp, sums,
                    (uint8_t *)b[1].buf + i * v.out * h.out, &h, &v);
-    Py_END_ALLOW_THREADS
     free(tmp);
     free(sums);
     for (int i = 0; i < NBUF; i++) PyBuffer_Release(&b[i]);
