@@ -48,6 +48,7 @@ def states(root, gen):
 
 @pytest.mark.parametrize("config, extra", [
     ("gorila_cartpole", []), ("a3c_cartpole", []),
+    ("gorila_cartpole", ["--set", "envs_per_actor=3"]),     # a replay per environment
     ("a3c_cartpole", ["--set", "envs_per_actor=4"]),        # batched actor-learners
     ("a3c_mujoco", ["--set", "game=InvertedPendulum-v5", "--set", "envs_per_actor=2",
                     "--set", "eval_every_frames=0",       # float actions, MuJoCo's state,
