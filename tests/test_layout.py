@@ -22,7 +22,9 @@ def module_name(path: Path) -> str:
 
 
 def all_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    """Every module of the package: its Python files and its C extensions (by their sources,
+    which import nothing of hpcrl)."""
+    return {module_name(p): p for pattern in ("*.py", "*.c") for p in PACKAGE.rglob(pattern)}
 
 
 def ancestors(name: str) -> list[str]:
@@ -59,7 +61,8 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
 
 def import_graph() -> dict[str, set[str]]:
     modules = all_modules()
-    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    return {name: imported_modules(name, path, modules) if path.suffix == ".py" else set()
+            for name, path in modules.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
