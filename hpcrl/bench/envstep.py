@@ -10,16 +10,13 @@ step of 4 emulator frames) and as ratios, C over PIL.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
+
+from hpcrl.bench.components import rate
 
 
 def _ms_per_call(fn, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e3
+    return 1e3 / rate(fn, calls)
 
 
 def bench_env_step(envs: int, steps: int, blocks: int) -> dict:
