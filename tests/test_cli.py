@@ -403,6 +403,9 @@ def test_bench_env_prints_its_ratios():
         result["resize_c_ms"] / result["resize_pil_ms"], rel=1e-9)
     assert result["step_c_over_pil"] == pytest.approx(
         result["step_c_ms_per_agent_step"] / result["step_pil_ms_per_agent_step"], rel=1e-9)
+    assert result["step_c_over_emulator"] == pytest.approx(
+        result["step_c_ms_per_agent_step"] / result["emulator_ms_per_agent_step"], rel=1e-9)
+    assert result["emulator_ms_per_agent_step"] > 0
 
 
 @pytest.mark.mpi

@@ -5,7 +5,11 @@ against PIL's (:func:`hpcrl.envs.atari.resize_84x84_pil`), the same pixels eithe
 Both are timed on the same environments in alternating blocks (medians): the resize alone on
 the batch of real max-pooled screens it gets in a step, and the whole step of ``envs``
 Pong environments with random actions, in milliseconds per agent step (one environment's
-step of 4 emulator frames) and as ratios, C over PIL.
+step of 4 emulator frames) and as ratios, C over PIL. In the same alternating blocks, the
+emulator alone on as many Pong emulators (the step's 4 frames of ``act`` and ``game_over`` per
+environment, nothing else, as the raw bound of :mod:`hpcrl.bench.raw` runs it):
+``step_c_over_emulator`` is what the step costs beyond emulation, the part of an agent step
+that preprocessing and the Python driver add.
 """
 
 from __future__ import annotations
@@ -29,14 +33,24 @@ def bench_env_step(envs: int, steps: int, blocks: int) -> dict:
     env = atari.AtariEnv("pong", envs, 0, training=True)
     env.reset()
     rng = np.random.default_rng(0)
+    ales = atari.AtariEnv("pong", envs, 1, training=True)._ales
+    minimal = ales[0].getMinimalActionSet()
     resizes = {"c": atari.resize_84x84, "pil": atari.resize_84x84_pil}
     ms = {f"{what}_{k}": [] for what in ("resize", "step") for k in resizes}
 
     def step():
         env.step(rng.integers(env.num_actions, size=envs))
 
+    def emulate():
+        for ale, a in zip(ales, rng.integers(len(minimal), size=envs).tolist()):
+            for _ in range(env.frames_per_step):
+                ale.act(minimal[a])
+                if ale.game_over():
+                    ale.reset_game()
+
     step()
     for _ in range(blocks):
+        ms.setdefault("emulator", []).append(_ms_per_call(emulate, steps) / envs)
         for k, resize in resizes.items():
             env._resize = resize
             screens = env._pooled.copy()
@@ -49,4 +63,6 @@ def bench_env_step(envs: int, steps: int, blocks: int) -> dict:
             "resize_c_over_pil": med["resize_c"] / med["resize_pil"],
             "step_c_ms_per_agent_step": med["step_c"],
             "step_pil_ms_per_agent_step": med["step_pil"],
-            "step_c_over_pil": med["step_c"] / med["step_pil"]}
+            "step_c_over_pil": med["step_c"] / med["step_pil"],
+            "emulator_ms_per_agent_step": med["emulator"],
+            "step_c_over_emulator": med["step_c"] / med["emulator"]}
