@@ -265,3 +265,60 @@ def test_scaled_channels_last_is_scale_input_in_channels_last_memory():
     floats = torch.rand(2, 3, 5, 7)
     again = scaled_channels_last(floats)
     assert again.is_contiguous(memory_format=torch.channels_last) and torch.equal(again, floats)
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+@pytest.mark.parametrize("shape", [(5, 4, 84, 84), (3, 2, 6, 9), (1, 1, 84, 84)])
+def test_scaled_channels_last_paths_give_torch_values_in_either_dtype(monkeypatch, path, shape):
+    """The C pass (a table made by ``scale_input``) and the per-channel copies give the same
+    values as ``scale_input`` then ``.to(dtype)``, bit for bit, in float32 and in bfloat16 (the
+    values autocast would cast the float batch to), for stacks of 4 frames (the C pass's
+    unrolled loop) and other depths; every pixel value appears."""
+    from hpcrl.rl import networks
+
+    if path == "c" and networks._frames is None:
+        pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
+    if path == "python":
+        monkeypatch.setattr(networks, "_frames", None)
+    rng = np.random.default_rng(sum(shape))
+    frames = rng.integers(0, 256, shape, dtype=np.uint8)
+    frames.reshape(-1)[:256] = np.arange(256)
+    frames = torch.from_numpy(frames)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = scaled_channels_last(frames, dtype)
+        want = scale_input(frames).to(dtype)
+        assert out.dtype == dtype and out.shape == frames.shape
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(out.contiguous().view(bits), want.contiguous().view(bits))
+    # element (b, c, y, x) comes from channel c of stack b
+    b, c, y, x = shape[0] - 1, shape[1] - 1, shape[2] // 2, shape[3] - 1
+    assert float(scaled_channels_last(frames)[b, c, y, x]) == \
+        np.float32(int(frames[b, c, y, x])) * np.float32(1 / 255)
+
+
+def test_stack_channels_last_refuses_what_it_cannot_read():
+    from hpcrl.rl import networks
+
+    if networks._frames is None:
+        pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
+    fn = networks._frames.stack_channels_last
+    src = np.zeros((2, 4, 10), np.uint8)
+    table = np.zeros(256, np.int32)
+    fn(src, table, np.zeros((2, 10, 4), np.int32))
+    with pytest.raises(ValueError):
+        fn(src, table, np.zeros((2, 4, 10), np.int32))              # not [n, p, c]
+    with pytest.raises(ValueError):
+        fn(src, table, np.zeros((2, 10, 4), np.int16))              # items of another size
+    with pytest.raises(TypeError):
+        fn(src, np.zeros(255, np.int32), np.zeros((2, 10, 4), np.int32))   # a short table
+    with pytest.raises(TypeError):
+        fn(src, np.zeros(256, np.int8), np.zeros((2, 10, 4), np.int8))     # 1-byte items
+    with pytest.raises(TypeError):
+        fn(src.astype(np.int16), table, np.zeros((2, 10, 4), np.int32))    # not uint8
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        fn(src, table, np.zeros((2, 10, 4), np.int32)[:, ::-1])            # not contiguous
+    read_only = np.zeros((2, 10, 4), np.int32)
+    read_only.flags.writeable = False
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        fn(src, table, read_only)

@@ -166,7 +166,88 @@ fail:
     return NULL;
 }
 
+/* A learner's image batch from frame stacks: src [n, c, p] uint8 (n stacks of c frames of p
+ * pixels) -> dst [n, p, c] (channels-last), each pixel replaced by lut[pixel]: the scaled float
+ * value, 4 bytes, or its bfloat16 bits, 2 bytes (the table is made by torch from the very
+ * function it replaces, so the values are torch's bit for bit; tests/test_networks.py). One
+ * pass that writes dst in order, in place of one strided copy per frame and a scaling pass. */
+static PyObject *stack_channels_last(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "stack_channels_last(src, lut, dst)");
+        return NULL;
+    }
+    Py_buffer src, lut, dst;
+    if (take(args[0], &src, "src", "B", 3, 0) != 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &lut, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &dst, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&lut);
+        return NULL;
+    }
+    const Py_ssize_t n = src.shape[0], c = src.shape[1], p = src.shape[2];
+    const Py_ssize_t size = lut.itemsize;
+    if (lut.ndim != 1 || lut.shape[0] != 256 || (size != 2 && size != 4)) {
+        PyErr_SetString(PyExc_TypeError, "lut must be a contiguous 1D array of 256 items of 2 or 4 bytes");
+        goto fail;
+    }
+    if (dst.ndim != 3 || dst.itemsize != size || dst.shape[0] != n || dst.shape[1] != p ||
+        dst.shape[2] != c) {
+        PyErr_SetString(PyExc_ValueError, "dst must be [n, p, c] of src [n, c, p], items the size of lut's");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *in = (const uint8_t *)src.buf + i * c * p;
+        if (size == 4 && c == 4) { /* a stack of 4 frames: four streams in, one out */
+            const uint32_t *table = lut.buf;
+            uint32_t *restrict out = (uint32_t *)dst.buf + i * p * c;
+            const uint8_t *f0 = in, *f1 = in + p, *f2 = in + 2 * p, *f3 = in + 3 * p;
+            for (Py_ssize_t k = 0; k < p; k++) {
+                out[4 * k] = table[f0[k]];
+                out[4 * k + 1] = table[f1[k]];
+                out[4 * k + 2] = table[f2[k]];
+                out[4 * k + 3] = table[f3[k]];
+            }
+        } else if (size == 2 && c == 4) {
+            const uint16_t *table = lut.buf;
+            uint16_t *restrict out = (uint16_t *)dst.buf + i * p * c;
+            const uint8_t *f0 = in, *f1 = in + p, *f2 = in + 2 * p, *f3 = in + 3 * p;
+            for (Py_ssize_t k = 0; k < p; k++) {
+                out[4 * k] = table[f0[k]];
+                out[4 * k + 1] = table[f1[k]];
+                out[4 * k + 2] = table[f2[k]];
+                out[4 * k + 3] = table[f3[k]];
+            }
+        } else if (size == 4) {
+            const uint32_t *table = lut.buf;
+            uint32_t *out = (uint32_t *)dst.buf + i * p * c;
+            for (Py_ssize_t k = 0; k < p; k++)
+                for (Py_ssize_t j = 0; j < c; j++) out[k * c + j] = table[in[j * p + k]];
+        } else {
+            const uint16_t *table = lut.buf;
+            uint16_t *out = (uint16_t *)dst.buf + i * p * c;
+            for (Py_ssize_t k = 0; k < p; k++)
+                for (Py_ssize_t j = 0; j < c; j++) out[k * c + j] = table[in[j * p + k]];
+        }
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&lut);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&lut);
+    PyBuffer_Release(&dst);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"stack_channels_last", (PyCFunction)(void (*)(void))stack_channels_last, METH_FASTCALL,
+     "stack_channels_last(src, lut, dst): [n, c, p] uint8 -> [n, p, c], each pixel lut[pixel] "
+     "(items of 2 or 4 bytes)."},
     {"box_resize", (PyCFunction)(void (*)(void))box_resize, METH_FASTCALL,
      "box_resize(src, dst, h_first, h_count, h_lut, v_first, v_count, v_lut): "
      "[n, H, W] uint8 screens -> [n, OH, OW] uint8, Pillow's BOX resize arithmetic."},

@@ -31,6 +31,7 @@ parameter servers store is mapped to a module's parameters by
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +40,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcrl.rl.lstm import LayerNormLSTMCell
+
+try:      # the C pass over a batch of frame stacks (hpcrl/envs/_frames.c), where it is built
+    from hpcrl.envs import _frames
+except ImportError:       # pragma: no cover - installs without a C compiler
+    _frames = None
 
 if TYPE_CHECKING:
     from hpcrl.config import Config
@@ -53,23 +59,44 @@ def scale_input(x: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
-def scaled_channels_last(x: torch.Tensor) -> torch.Tensor:
+def scaled_channels_last(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An image batch [B, C, H, W] as ``scale_input`` makes it, in channels-last memory (the
-    layout oneDNN's convolutions run fastest on this CPU, docs/performance.md).
+    layout oneDNN's convolutions run fastest on this CPU, docs/performance.md), in ``dtype``:
+    float32, or bfloat16 for a torso under bfloat16 autocast (the values autocast would cast
+    the float32 batch to, so that it casts nothing).
 
-    uint8 frames go through one strided copy per channel into a float [B, H, W, C] buffer and
-    one in-place scaling, the same values as ``scale_input(x)``: for a stack of C = 4 frames
-    torch's general layout change (``contiguous(memory_format=channels_last)``) of the uint8
-    or the float batch costs about twice as much.
+    uint8 frames go through the C extension's ``stack_channels_last`` where it is built: one
+    pass that writes the batch in order, each pixel looked up in a 256-entry table made here by
+    ``scale_input`` itself (then ``.to(dtype)``), so the values are torch's bit for bit.
+    Without the extension: one strided copy per channel into a float [B, H, W, C] buffer and
+    one in-place scaling, the same values (for a stack of C = 4 frames torch's general layout
+    change, ``contiguous(memory_format=channels_last)``, costs about twice as much).
     """
     if x.dtype != torch.uint8:
-        return scale_input(x).contiguous(memory_format=torch.channels_last)
+        return scale_input(x).contiguous(memory_format=torch.channels_last).to(dtype)
     b, c, h, w = x.shape
+    if _frames is not None and dtype in _PIXEL_VIEW:
+        out = torch.empty((b, h, w, c), dtype=dtype)
+        _frames.stack_channels_last(x.reshape(b, c, h * w).numpy(), _pixel_table(dtype),
+                                    out.view(_PIXEL_VIEW[dtype]).view(b, h * w, c).numpy())
+        return out.permute(0, 3, 1, 2)
     out = torch.empty((b, h, w, c), dtype=torch.float32)
     pixels_out, pixels_in = out.view(b, h * w, c), x.reshape(b, c, h * w)
     for channel in range(c):
         pixels_out[:, :, channel] = pixels_in[:, channel]
-    return out.permute(0, 3, 1, 2).mul_(1.0 / 255.0)
+    return out.permute(0, 3, 1, 2).mul_(1.0 / 255.0).to(dtype)
+
+
+#: The integer type whose numpy view carries each dtype's bits into `stack_channels_last`.
+_PIXEL_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+
+
+@functools.lru_cache(maxsize=None)
+def _pixel_table(dtype: torch.dtype) -> np.ndarray:
+    """The 256 values ``scale_input`` gives uint8 pixels, in ``dtype``, as the bits of
+    `_PIXEL_VIEW`'s integer type."""
+    table = scale_input(torch.arange(256, dtype=torch.int32).to(torch.uint8)).to(dtype)
+    return table.view(_PIXEL_VIEW[dtype]).numpy().copy()
 
 
 def _torso(torso: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
@@ -157,7 +184,8 @@ def q_values(net: nn.Module, obs: torch.Tensor, torso_dtype: torch.dtype | None 
     """
     if torso_dtype is None:
         return net(obs)
-    return net.q_head(_torso(net.torso, scale_input(obs), torso_dtype))
+    x = obs if obs.dtype == torso_dtype else scale_input(obs)   # already scaled, cast by
+    return net.q_head(_torso(net.torso, x, torso_dtype))           # `scaled_channels_last`
 
 
 class MLPQNetwork(nn.Module):
