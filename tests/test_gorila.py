@@ -381,3 +381,63 @@ def test_target_period_counts_its_unit(unit, tmp_path):
     else:
         assert requests == frames // every and refreshes == requests
         assert applied // every != frames // every     # the two units differ in this run
+
+
+def test_bfloat16_learner_batch_is_the_one_autocast_would_make(monkeypatch):
+    """With ``learner_precision = bfloat16`` the learner builds its image batches in bfloat16
+    (`scaled_channels_last(x, torch.bfloat16)`), the values autocast casts a float32 batch to:
+    its gradient equals, bit for bit, the one from float32 batches that autocast casts."""
+    import torch
+
+    from hpcrl.agents.gorila import learner as learner_module
+    from hpcrl.config import load_config
+    from hpcrl.rl.networks import NatureQNetwork, scaled_channels_last
+    from hpcrl.rl.types import Transition
+
+    torch.manual_seed(4)
+    cfg = load_config(None, ["outlier_k=0", "learner_precision=bfloat16"])
+    net, target = NatureQNetwork((4, 84, 84), 6), NatureQNetwork((4, 84, 84), 6)
+    rng = np.random.default_rng(5)
+    s_tm1, s_t = (rng.integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for _ in range(2))
+    batch = Transition(s_tm1, rng.integers(6, size=8), rng.normal(size=8).astype(np.float32),
+                       np.full(8, 0.99, np.float32), s_t)
+    grad = learner_module.GorilaLearner(net, target, cfg).gradient(batch).copy()
+    monkeypatch.setattr(learner_module, "scaled_channels_last",
+                        lambda x, dtype: scaled_channels_last(x, torch.float32))
+    floats = learner_module.GorilaLearner(net, target, cfg).gradient(batch).copy()
+    assert np.array_equal(grad, floats)
+    assert np.abs(grad).max() > 0
+
+
+def test_bfloat16_target_torso_cast_once_per_pull_changes_no_bit():
+    """With a bfloat16 torso the learner keeps the target's torso weights cast between target
+    pulls (`target_pulls`): the gradient equals the one with autocast casting them at every
+    update, bit for bit, before and after the target's weights change with a new pull count,
+    and a changed target under an unchanged count would not be seen (the count is the key)."""
+    import torch
+
+    from hpcrl.agents.gorila.learner import GorilaLearner
+    from hpcrl.config import load_config
+    from hpcrl.rl.networks import NatureQNetwork
+    from hpcrl.rl.types import Transition
+
+    torch.manual_seed(6)
+    cfg = load_config(None, ["outlier_k=0", "learner_precision=bfloat16"])
+    net, target = NatureQNetwork((4, 84, 84), 6), NatureQNetwork((4, 84, 84), 6)
+    rng = np.random.default_rng(7)
+    s_tm1, s_t = (rng.integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for _ in range(2))
+    batch = Transition(s_tm1, rng.integers(6, size=8), rng.normal(size=8).astype(np.float32),
+                       np.full(8, 0.99, np.float32), s_t)
+    cached, every_time = GorilaLearner(net, target, cfg), GorilaLearner(net, target, cfg)
+    for pulls in (1, 1, 2):
+        if pulls == 2:
+            with torch.no_grad():
+                for p in target.parameters():
+                    p.mul_(1.5)
+        got = cached.gradient(batch, pulls).copy()
+        want = every_time.gradient(batch).copy()
+        assert np.array_equal(got, want), pulls
+    with torch.no_grad():
+        for p in target.parameters():
+            p.mul_(2.0)
+    assert not np.array_equal(cached.gradient(batch, 2), every_time.gradient(batch))

@@ -52,6 +52,7 @@ class TargetNetwork:
         self.store, self.net = store, net
         _, self.theta = bind_parameters(net)
         self.version = -1
+        self.pulls = 0          # pulls so far: `net`'s weights change only when this does
 
     def refresh(self) -> None:
         """Pull theta- when shard 0's target version changed, until every shard's agrees.
@@ -62,6 +63,7 @@ class TargetNetwork:
         it is repeated at the next call until the shards' target versions are equal."""
         if self.store.target_version() != self.version:
             versions = np.asarray(self.store.pull_target(self.theta))
+            self.pulls += 1
             self.version = int(versions[0]) if np.all(versions == versions[0]) else -1
 
 

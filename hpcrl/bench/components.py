@@ -167,7 +167,7 @@ def bench_learner(game: str, updates: int, blocks: int, fill: int,
     def real_update():                      # the body of LearnerWorker.step, replay local
         versions = store.pull(theta)
         targets.refresh()
-        grad = learner.gradient(replay.sample(cfg.batch_size))
+        grad = learner.gradient(replay.sample(cfg.batch_size), targets.pulls)
         store.push(grad, versions, cfg.learning_rate)
         server.discard_inboxes()            # the ps's apply runs on another core in a job
 

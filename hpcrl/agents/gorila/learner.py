@@ -7,6 +7,8 @@ non-finite, and counts both; the ps drops stale ones.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -25,11 +27,12 @@ class GorilaLearner:
         self.net, self.target, self.cfg = net, target, cfg
         self.layout = ParamLayout.from_module(net)
         self.grad = np.zeros(self.layout.size, np.float32)
-        self.layout.bind_grads(net, self.grad)          # backward() writes the flat gradient
         self.outliers = LossOutlierFilter(cfg.outlier_k) if cfg.outlier_k > 0 else None
         self.stats = LearnerStats()
         self.sq_norm = 0.0        # of the last gradient returned (handed to store.push)
         self.torso_dtype = torch.bfloat16 if cfg.learner_precision == "bfloat16" else None
+        self._target_torso: torch.nn.Module | None = None    # the target torso in torso_dtype
+        self._target_pulls: int | None = None                # ... as of this target pull
 
     def get_state(self) -> dict:
         state = self.stats.get_state()
@@ -42,8 +45,29 @@ class GorilaLearner:
         if self.outliers is not None and sub_state(state, "outliers"):
             self.outliers.set_state(sub_state(state, "outliers"))
 
-    def gradient(self, batch) -> np.ndarray | None:
-        """Flat gradient of the DQN loss on ``batch``, or None if the rules drop it."""
+    def _target_q(self, s_t: torch.Tensor, target_pulls: int | None) -> torch.Tensor:
+        """The target network's Q-values. With a bfloat16 torso and ``target_pulls`` (the
+        `TargetNetwork`'s pull count) its torso runs from a bfloat16 copy of the weights made
+        once per pull, not cast by autocast at every update (the target changes every
+        ``target_update_every`` updates; its 1.6 M-float hidden layer cast costs more than the
+        layer's matmul at batch 32). The same values as under autocast, bit for bit."""
+        if self.torso_dtype is None or target_pulls is None or s_t.dtype != self.torso_dtype:
+            return q_values(self.target, s_t, self.torso_dtype)
+        if self._target_torso is None:
+            self._target_torso = copy.deepcopy(self.target.torso).to(self.torso_dtype)
+            self._target_torso.requires_grad_(False)
+            self._target_pulls = None
+        if self._target_pulls != target_pulls:
+            for mine, theirs in zip(self._target_torso.parameters(), self.target.torso.parameters()):
+                mine.copy_(theirs)
+            self._target_pulls = target_pulls
+        return self.target.q_head(self._target_torso(s_t).float())
+
+    def gradient(self, batch, target_pulls: int | None = None) -> np.ndarray | None:
+        """Flat gradient of the DQN loss on ``batch``, or None if the rules drop it.
+
+        ``target_pulls``: the `TargetNetwork`'s pull count, which lets a bfloat16 torso keep
+        its target weights cast between pulls (`_target_q`); None casts them every time."""
         stats = self.stats
         s_tm1 = torch.from_numpy(batch.s_tm1)
         s_t = torch.from_numpy(batch.s_t)
@@ -51,11 +75,13 @@ class GorilaLearner:
             s_tm1, s_t = s_tm1[:, 0], s_t[:, 0]
         elif s_tm1.ndim == 4:
             # channels-last images: oneDNN's convolutions run them faster on CPU (measured by
-            # ``python -m hpcrl.bench learner``); the weights stay in the flat vector's layout
-            s_tm1, s_t = scaled_channels_last(s_tm1), scaled_channels_last(s_t)
+            # ``python -m hpcrl.bench learner``); the weights stay in the flat vector's layout.
+            # In the torso's dtype: a bfloat16 batch is the one autocast would cast to.
+            dtype = self.torso_dtype or torch.float32
+            s_tm1, s_t = scaled_channels_last(s_tm1, dtype), scaled_channels_last(s_t, dtype)
         q_tm1 = q_values(self.net, s_tm1, self.torso_dtype)
         with torch.no_grad():
-            q_t = q_values(self.target, s_t, self.torso_dtype)
+            q_t = self._target_q(s_t, target_pulls)
         td = q_learning_td(q_tm1, torch.from_numpy(batch.a_tm1), torch.from_numpy(batch.r_t),
                            torch.from_numpy(batch.discount_t), q_t, self.cfg.gamma)
         loss = dqn_loss(td, self.cfg.loss)
@@ -67,8 +93,12 @@ class GorilaLearner:
         if self.outliers is not None and not self.outliers.accept(value):
             stats.dropped_outlier += 1
             return None
-        self.net.zero_grad(set_to_none=False)
+        # backward() into fresh .grad tensors, then one copy into the flat gradient: a .grad
+        # bound to the flat vector would need zeroing first and an add (two passes over the
+        # 1.6 M-float hidden layer where one copy does)
+        self.net.zero_grad(set_to_none=True)
         loss.backward()
+        self.layout.grads_to_flat(self.net, self.grad)
         if not np.isfinite(self.grad.sum(dtype=np.float64)):
             stats.dropped_nonfinite += 1
             return None

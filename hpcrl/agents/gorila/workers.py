@@ -104,7 +104,7 @@ class BundleWorker(WorkerBase):
                 actor.sync()
             self.target.refresh()
             replay = self.replays[int(actor.rng.integers(self.n_env))]
-            grad = self.learner.gradient(replay.sample(cfg.batch_size))
+            grad = self.learner.gradient(replay.sample(cfg.batch_size), self.target.pulls)
             if grad is not None:
                 self.store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames),
                                 self.learner.sq_norm)
@@ -251,7 +251,7 @@ class LearnerWorker(WorkerBase):
         if self.versions is None or self.learner.stats.updates % self.cfg.learner_sync_every == 0:
             self.versions = self.store.pull(self.theta)
         self.target.refresh()
-        grad = self.learner.gradient(batch)
+        grad = self.learner.gradient(batch, self.target.pulls)
         if grad is not None:
             self.store.push(grad, self.versions, learning_rate(self.cfg, self.frames.read()),
                             self.learner.sq_norm)
