@@ -368,14 +368,17 @@ def test_target_network_pulls_again_until_every_shard_has_refreshed():
     assert (store.pulls, target.version) == (1, 0)
     target.refresh()
     assert store.pulls == 1                               # nothing changed: no pull
+    assert target.pulls == store.pulls                    # its count follows every pull
     store.tv = [1, 0]                                     # shard 0 refreshed, shard 1 not yet
     target.refresh()
     target.refresh()
     assert (store.pulls, target.version) == (3, -1)       # pulled at each step meanwhile
+    assert target.pulls == 3
     store.tv = [1, 1]
     target.refresh()
     target.refresh()
     assert (store.pulls, target.version) == (4, 1)
+    assert target.pulls == 4
 
 
 def test_one_pass_outputs_on_frames_equal_unroll_plus_bootstrap():

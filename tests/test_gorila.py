@@ -401,10 +401,20 @@ def test_bfloat16_learner_batch_is_the_one_autocast_would_make(monkeypatch):
     s_tm1, s_t = (rng.integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for _ in range(2))
     batch = Transition(s_tm1, rng.integers(6, size=8), rng.normal(size=8).astype(np.float32),
                        np.full(8, 0.99, np.float32), s_t)
+    seen = []
+    real_q_values = learner_module.q_values
+
+    def spy(net_, obs, torso_dtype=None):
+        seen.append(obs.dtype)
+        return real_q_values(net_, obs, torso_dtype)
+
+    monkeypatch.setattr(learner_module, "q_values", spy)
     grad = learner_module.GorilaLearner(net, target, cfg).gradient(batch).copy()
+    assert seen == [torch.bfloat16, torch.bfloat16]       # s_tm1 and s_t, made in bfloat16
     monkeypatch.setattr(learner_module, "scaled_channels_last",
                         lambda x, dtype: scaled_channels_last(x, torch.float32))
     floats = learner_module.GorilaLearner(net, target, cfg).gradient(batch).copy()
+    assert seen[2:] == [torch.float32, torch.float32]
     assert np.array_equal(grad, floats)
     assert np.abs(grad).max() > 0
 
@@ -440,4 +450,6 @@ def test_bfloat16_target_torso_cast_once_per_pull_changes_no_bit():
     with torch.no_grad():
         for p in target.parameters():
             p.mul_(2.0)
-    assert not np.array_equal(cached.gradient(batch, 2), every_time.gradient(batch))
+    stale, fresh = cached.gradient(batch, 2), every_time.gradient(batch)
+    assert stale is not None and fresh is not None
+    assert not np.array_equal(stale, fresh)

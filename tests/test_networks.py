@@ -276,10 +276,10 @@ def test_scaled_channels_last_paths_give_torch_values_in_either_dtype(monkeypatc
     unrolled loop) and other depths; every pixel value appears."""
     from hpcrl.rl import networks
 
-    if path == "c" and networks._frames is None:
+    if path == "c" and networks._stack_channels_last is None:
         pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
-    if path == "python":
-        monkeypatch.setattr(networks, "_frames", None)
+    if path == "python":     # no extension, or one built before it had stack_channels_last
+        monkeypatch.setattr(networks, "_stack_channels_last", None)
     rng = np.random.default_rng(sum(shape))
     frames = rng.integers(0, 256, shape, dtype=np.uint8)
     frames.reshape(-1)[:256] = np.arange(256)
@@ -295,21 +295,32 @@ def test_scaled_channels_last_paths_give_torch_values_in_either_dtype(monkeypatc
     b, c, y, x = shape[0] - 1, shape[1] - 1, shape[2] // 2, shape[3] - 1
     assert float(scaled_channels_last(frames)[b, c, y, x]) == \
         np.float32(int(frames[b, c, y, x])) * np.float32(1 / 255)
+    # strided views of a batch (every other stack, every other frame) read as copies would
+    for view in (frames[::2], frames[:, ::2], frames.permute(0, 1, 3, 2)):
+        assert torch.equal(scaled_channels_last(view, torch.bfloat16),
+                           scale_input(view).to(torch.bfloat16))
 
 
 def test_stack_channels_last_refuses_what_it_cannot_read():
     from hpcrl.rl import networks
 
-    if networks._frames is None:
+    if networks._stack_channels_last is None:
         pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
-    fn = networks._frames.stack_channels_last
+    fn = networks._stack_channels_last
     src = np.zeros((2, 4, 10), np.uint8)
     table = np.zeros(256, np.int32)
     fn(src, table, np.zeros((2, 10, 4), np.int32))
     with pytest.raises(ValueError):
         fn(src, table, np.zeros((2, 4, 10), np.int32))              # not [n, p, c]
-    with pytest.raises(ValueError):
-        fn(src, table, np.zeros((2, 10, 4), np.int16))              # items of another size
+    with pytest.raises(TypeError):
+        fn(src, table, np.zeros((2, 10, 4), np.int16))              # items of another type
+    with pytest.raises(TypeError):
+        fn(src, table, np.zeros((2, 10, 4), np.float32))            # ... of the same size
+    with pytest.raises(TypeError):
+        fn(src, table.astype(">i4"), np.zeros((2, 10, 4), ">i4"))   # not native order
+    unaligned = np.frombuffer(bytearray(2 * 10 * 4 * 4 + 1), np.uint8)[1:].view(np.int32)
+    with pytest.raises(TypeError):
+        fn(src, table, unaligned.reshape(2, 10, 4))
     with pytest.raises(TypeError):
         fn(src, np.zeros(255, np.int32), np.zeros((2, 10, 4), np.int32))   # a short table
     with pytest.raises(TypeError):

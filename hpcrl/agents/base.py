@@ -62,8 +62,8 @@ class TargetNetwork:
         updates), so a pull right after shard 0 refreshed may read other shards' old rows:
         it is repeated at the next call until the shards' target versions are equal."""
         if self.store.target_version() != self.version:
+            self.pulls += 1     # before: a pull that stopped halfway still changed the weights
             versions = np.asarray(self.store.pull_target(self.theta))
-            self.pulls += 1
             self.version = int(versions[0]) if np.all(versions == versions[0]) else -1
 
 

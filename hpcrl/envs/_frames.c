@@ -190,8 +190,17 @@ static PyObject *stack_channels_last(PyObject *self, PyObject *const *args, Py_s
     }
     const Py_ssize_t n = src.shape[0], c = src.shape[1], p = src.shape[2];
     const Py_ssize_t size = lut.itemsize;
-    if (lut.ndim != 1 || lut.shape[0] != 256 || (size != 2 && size != 4)) {
-        PyErr_SetString(PyExc_TypeError, "lut must be a contiguous 1D array of 256 items of 2 or 4 bytes");
+    const char *lf = lut.format ? lut.format : "B", *df = dst.format ? dst.format : "B";
+    if (lf[0] == '=' || lf[0] == '@') lf++; /* native order only ('<' and '>' refused) */
+    if (df[0] == '=' || df[0] == '@') df++;
+    if (lut.ndim != 1 || lut.shape[0] != 256 || (size != 2 && size != 4) ||
+        strcmp(lf, size == 2 ? "h" : "i") != 0) {
+        PyErr_SetString(PyExc_TypeError, "lut must be a contiguous native int16 or int32 array of "
+                                         "256 items (the bits of bfloat16 or float32 values)");
+        goto fail;
+    }
+    if (strcmp(lf, df) != 0 || (uintptr_t)lut.buf % size != 0 || (uintptr_t)dst.buf % size != 0) {
+        PyErr_SetString(PyExc_TypeError, "dst must be an aligned array of lut's item type");
         goto fail;
     }
     if (dst.ndim != 3 || dst.itemsize != size || dst.shape[0] != n || dst.shape[1] != p ||

@@ -45,6 +45,8 @@ try:      # the C pass over a batch of frame stacks (hpcrl/envs/_frames.c), wher
     from hpcrl.envs import _frames
 except ImportError:       # pragma: no cover - installs without a C compiler
     _frames = None
+#: None without the extension, or with one built before it had this function
+_stack_channels_last = getattr(_frames, "stack_channels_last", None)
 
 if TYPE_CHECKING:
     from hpcrl.config import Config
@@ -75,10 +77,11 @@ def scaled_channels_last(x: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     if x.dtype != torch.uint8:
         return scale_input(x).contiguous(memory_format=torch.channels_last).to(dtype)
     b, c, h, w = x.shape
-    if _frames is not None and dtype in _PIXEL_VIEW:
+    if _stack_channels_last is not None and dtype in _PIXEL_VIEW and x.device.type == "cpu":
         out = torch.empty((b, h, w, c), dtype=dtype)
-        _frames.stack_channels_last(x.reshape(b, c, h * w).numpy(), _pixel_table(dtype),
-                                    out.view(_PIXEL_VIEW[dtype]).view(b, h * w, c).numpy())
+        _stack_channels_last(x.detach().reshape(b, c, h * w).contiguous().numpy(),
+                             _pixel_table(dtype),
+                             out.view(_PIXEL_VIEW[dtype]).view(b, h * w, c).numpy())
         return out.permute(0, 3, 1, 2)
     out = torch.empty((b, h, w, c), dtype=torch.float32)
     pixels_out, pixels_in = out.view(b, h * w, c), x.reshape(b, c, h * w)
@@ -96,7 +99,9 @@ def _pixel_table(dtype: torch.dtype) -> np.ndarray:
     """The 256 values ``scale_input`` gives uint8 pixels, in ``dtype``, as the bits of
     `_PIXEL_VIEW`'s integer type."""
     table = scale_input(torch.arange(256, dtype=torch.int32).to(torch.uint8)).to(dtype)
-    return table.view(_PIXEL_VIEW[dtype]).numpy().copy()
+    table = table.view(_PIXEL_VIEW[dtype]).numpy().copy()
+    table.flags.writeable = False         # shared by every caller
+    return table
 
 
 def _torso(torso: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
