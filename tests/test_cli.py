@@ -374,7 +374,8 @@ def test_bench_gradient_prints_its_ratios(algo, name, reference, variants):
         assert result[f"{k}_over_reference"] == pytest.approx(result[f"{k}_ms"] / ref, abs=2e-3)
     for ratio, num, den in (("reuse_over_rerun", "act_reuse", "act_rerun"),
                             ("per_channel_over_layout_change", "input_per_channel",
-                             "input_layout_change")):
+                             "input_layout_change"),
+                            ("learner_over_per_channel", "input_learner", "input_per_channel")):
         assert result[ratio] == pytest.approx(result[f"{num}_ms"] / result[f"{den}_ms"],
                                               abs=2e-3)
 

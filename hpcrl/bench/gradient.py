@@ -23,9 +23,11 @@ own forward) and ``act_reuse`` (the acting forwards recorded, the gradient from 
 activations, `hpcrl.rl.reuse`); ``reuse_over_rerun`` divides the two.
 
 The gradient batch's input alone (both methods): the rollout's uint8 states made a scaled float
-channels-last batch by torch's layout change (``input_layout_change``, the previous path) and
-by :func:`hpcrl.rl.networks.scaled_channels_last` (``input_per_channel``, the learners' path);
-``per_channel_over_layout_change`` divides the two.
+channels-last batch by torch's layout change (``input_layout_change``), by one strided copy per
+channel (``input_per_channel``, :func:`hpcrl.rl.networks.per_channel_copies`, the path without
+the C extension) and by :func:`hpcrl.rl.networks.scaled_channels_last` (``input_learner``, the
+learners' path: the extension's one pass where it is built); ``per_channel_over_layout_change``
+and ``learner_over_per_channel`` divide them.
 
 ``--algo n_step_q`` (:func:`bench_value_gradient`, ``configs/n_step_q_pong.toml``'s network
 and rollout): ``learner`` (the production path: the target network only on the states that
@@ -87,7 +89,8 @@ def _time(variants: dict, blocks: int, reps: int) -> dict:
 def _summary(name: str, states: int, blocks: int, reps: int, times: dict, reference: str) -> dict:
     ms = {k: float(np.median(v)) for k, v in times.items()}
     ref = ms[reference]
-    paired = ("act_rerun", "act_reuse", "input_layout_change", "input_per_channel")
+    paired = ("act_rerun", "act_reuse", "input_layout_change", "input_per_channel",
+              "input_learner")
     return {"bench": name, "states": states, "blocks": blocks, "reps": reps,
             **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
             **{f"{k}_over_reference": round(v / ref, 3) for k, v in ms.items()
@@ -95,6 +98,7 @@ def _summary(name: str, states: int, blocks: int, reps: int, times: dict, refere
             "reuse_over_rerun": round(ms["act_reuse"] / ms["act_rerun"], 3),
             "per_channel_over_layout_change": round(
                 ms["input_per_channel"] / ms["input_layout_change"], 3),
+            "learner_over_per_channel": round(ms["input_learner"] / ms["input_per_channel"], 3),
             "runs_ms": {k: [round(t, 2) for t in v] for k, v in times.items()}}
 
 
@@ -105,7 +109,7 @@ def _acting_variants(net, cfg, rollout, learner, forward) -> dict:
 
     from hpcrl.agents.async_rl.learner import AsyncLearner
     from hpcrl.agents.async_rl.rollout import flat_batch
-    from hpcrl.rl.networks import scaled_channels_last
+    from hpcrl.rl.networks import per_channel_copies, scaled_channels_last
     from hpcrl.rl.reuse import ActivationRecorder, RecordedActivations
 
     rerun = AsyncLearner(learner.net, learner.target, cfg.replace(learner_reuse_acting=False))
@@ -133,7 +137,8 @@ def _acting_variants(net, cfg, rollout, learner, forward) -> dict:
 
     return {"act_rerun": act_rerun, "act_reuse": act_reuse,
             "input_layout_change": input_layout_change,
-            "input_per_channel": lambda: scaled_channels_last(batch)}
+            "input_per_channel": lambda: per_channel_copies(batch),
+            "input_learner": lambda: scaled_channels_last(batch)}
 
 
 def bench_value_gradient(blocks: int = 7, reps: int = 20) -> dict:

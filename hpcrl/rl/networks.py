@@ -83,11 +83,18 @@ def scaled_channels_last(x: torch.Tensor, dtype: torch.dtype = torch.float32) ->
                              _pixel_table(dtype),
                              out.view(_PIXEL_VIEW[dtype]).view(b, h * w, c).numpy())
         return out.permute(0, 3, 1, 2)
+    return per_channel_copies(x).to(dtype)
+
+
+def per_channel_copies(x: torch.Tensor) -> torch.Tensor:
+    """`scaled_channels_last` of uint8 frames [B, C, H, W] without the extension, in float32:
+    one strided copy per channel into a float [B, H, W, C] buffer, one in-place scaling."""
+    b, c, h, w = x.shape
     out = torch.empty((b, h, w, c), dtype=torch.float32)
     pixels_out, pixels_in = out.view(b, h * w, c), x.reshape(b, c, h * w)
     for channel in range(c):
         pixels_out[:, :, channel] = pixels_in[:, channel]
-    return out.permute(0, 3, 1, 2).mul_(1.0 / 255.0).to(dtype)
+    return out.permute(0, 3, 1, 2).mul_(1.0 / 255.0)
 
 
 #: The integer type whose numpy view carries each dtype's bits into `stack_channels_last`.
