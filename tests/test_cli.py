@@ -409,6 +409,16 @@ def test_bench_env_prints_its_ratios():
     assert result["emulator_ms_per_agent_step"] > 0
 
 
+def test_raw_fraction_ceiling_by_hand():
+    """40,000 emulator frames/s on 2 cores is 20,000 a core: 4 frames cost 0.2 ms; with 0.3 ms
+    of network per agent step, emulation is 0.2 of 0.5 ms of it."""
+    from hpcrl.bench.raw import raw_fraction_ceiling
+
+    assert raw_fraction_ceiling(40_000, 2, 4, 0.3) == pytest.approx(0.4, rel=1e-12)
+    assert raw_fraction_ceiling(40_000, 2, 4, 0.0) == pytest.approx(1.0, rel=1e-12)
+    assert raw_fraction_ceiling(20_000, 1, 4, 0.2) == pytest.approx(0.5, rel=1e-12)
+
+
 @pytest.mark.mpi
 def test_bench_scaling_prints_json():
     """A short `bench scaling` (two real A3C Pong jobs of a few seconds each): the JSON contract

@@ -19,7 +19,10 @@
 * both also time the raw bound (:mod:`hpcrl.bench.raw`: ALE alone on every core at once)
   before and after each job and report the job's frames/s over it, ``raw_fraction`` (the
   batched job's, the 2-actor-learner job's), beside ``raw_fraction_one_env`` /
-  ``raw_fraction_1`` for the comparison jobs.
+  ``raw_fraction_1`` for the comparison jobs; the batched bench also reports
+  ``raw_fraction_ceiling`` (:func:`hpcrl.bench.raw.raw_fraction_ceiling`: the raw_fraction
+  its network as timed in the job leaves room for, with an environment step that cost only
+  its emulator frames).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from hpcrl.bench.components import build, rate
 from hpcrl.bench.jobs import PHASES, measure_job, raw_seconds
-from hpcrl.bench.raw import concurrent_raw_frames, raw_figures
+from hpcrl.bench.raw import concurrent_raw_frames, n_cores, raw_figures, raw_fraction_ceiling
 
 
 def _a3c_pong(n_env: int):
@@ -158,6 +161,9 @@ def bench_batched(algo: str, n_env: int, n_workers: int, seconds: float, warmup:
             "ps_cpu_fraction_batched": [round(p["cpu_fraction"], 3) for p in jobs[1]["ps"]],
             **raw_figures(jobs[1]["frames_per_s"], raws),
             "raw_fraction_one_env": one * frames_per_step / float(np.median(raws)),
+            "raw_fraction_ceiling": raw_fraction_ceiling(
+                float(np.median(raws)), n_cores(), frames_per_step,
+                mean("forward_ms_per_step") + mean("learn_ms_per_step")),
             **{k: round(v, 4) for k, v in raw.items()}}
 
 

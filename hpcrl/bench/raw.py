@@ -61,6 +61,18 @@ def concurrent_raw_frames(game: str, seconds: float, n_procs: int | None = None)
     return float(sum(rates))
 
 
+def raw_fraction_ceiling(raw_frames_per_s: float, cores: int, frames_per_step: int,
+                         network_ms_per_step: float) -> float:
+    """The ``raw_fraction`` a job could reach with its network as it is: its environment step
+    at the cost of its emulator frames alone (the raw bound's rate per core: no preprocessing,
+    no Python around the emulator, no parameter server, no bookkeeping) and the network's
+    acting forward and gradient (``network_ms_per_step``, per agent step on one core, as timed
+    inside the job) added. The share of such an agent step that is emulation: what the
+    network's arithmetic leaves room for on these cores, whatever the rest of the job costs."""
+    emulator_ms_per_step = 1e3 * frames_per_step * cores / raw_frames_per_s
+    return emulator_ms_per_step / (emulator_ms_per_step + network_ms_per_step)
+
+
 def raw_figures(job_frames_per_s: float, raws: list[float]) -> dict:
     """The JSON figures: the raw bound (median of its timings around the jobs), each timing,
     and the job's frames/s as a fraction of the bound."""
