@@ -266,7 +266,7 @@ def test_batched_resize_equals_each_screen_resized_alone(resize):
     checked = 0
     for actions in _random_actions(env, 4, 60):
         env.step(actions)
-        screens = env._pooled                         # real max-pooled grayscale screens
+        screens = env.pooled_screens()                # real max-pooled grayscale screens
         for n in (1, 3, 8):
             np.testing.assert_array_equal(resize(screens[:n]), _resize_each(screens[:n]))
             checked += n
@@ -286,6 +286,84 @@ def test_resize_of_other_shapes_and_without_the_extension_is_pils(monkeypatch):
     screens = rng.integers(0, 256, (3, 210, 160), dtype=np.uint8)
     monkeypatch.setattr(atari, "_frames", None)
     np.testing.assert_array_equal(resize_84x84(screens), _resize_each(screens))
+
+
+def _table_resize(screens, h, v):
+    """The slow reference of the C pass's arithmetic for any windows and tables: each
+    horizontal window's pixel sum looked up in its table, into an 8-bit image, then each
+    vertical window's sum of that image's rows looked up in its table."""
+    (hf, hc, hl), (vf, vc, vl) = h, v
+    out = []
+    for s in screens.astype(np.int64):
+        rows = np.stack([hl[c, s[:, f:f + c].sum(axis=1)] for f, c in zip(hf, hc)], axis=1)
+        out.append(np.stack([vl[c, rows[f:f + c].sum(axis=0)] for f, c in zip(vf, vc)]))
+    return np.stack(out).astype(np.uint8)
+
+
+def test_c_resize_is_its_table_arithmetic_for_any_table():
+    """The C pass selects from each row and its pair means where the horizontal table is
+    BOX's plain mean (the ALE's screens); with any other table it adds up the windows. Both
+    equal the table arithmetic written out in numpy (`_table_resize`)."""
+    if atari._frames is None:
+        pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
+    rng = np.random.default_rng(11)
+    screens = rng.integers(0, 256, (3, 210, 160), dtype=np.uint8)
+    h, v = atari.box_windows(160, 84), atari.box_windows(210, 84)
+    other = h[2].copy()
+    other[2] = np.minimum(other[2].astype(np.int64) + 1, 255).astype(np.uint8)  # not a mean
+    for table in (h[2], other):
+        out = np.empty((3, 84, 84), np.uint8)
+        atari._frames.box_resize(screens, out, h[0], h[1], table, *v)
+        np.testing.assert_array_equal(out, _table_resize(screens, (h[0], h[1], table), v))
+    assert not np.array_equal(_table_resize(screens, (h[0], h[1], other), v),
+                              _table_resize(screens, h, v))
+
+
+def test_pooled_resize_equals_numpy_max_then_pil():
+    """pool_box_resize: the max of each frame pair (or the first frame, where the skip
+    grabbed one) resized, the pixels of numpy's max and PIL's resize of each screen alone, on
+    real frame pairs of a running game and on noise."""
+    if atari._frames is None:
+        pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
+    env = make_env("breakout", 4, seed=5, training=True)
+    env.reset()
+    rng = np.random.default_rng(2)
+    for actions in _random_actions(env, 6, 40):
+        env.step(actions)
+        pairs, grabbed = env._screens.copy(), rng.integers(1, 3, 4).astype(np.uint8)
+        pooled = np.where((grabbed == 2)[:, None, None],
+                          np.maximum(pairs[:, 0], pairs[:, 1]), pairs[:, 0])
+        np.testing.assert_array_equal(atari.max_pool(pairs, grabbed), pooled)
+        np.testing.assert_array_equal(atari.pool_resize_84x84(pairs, grabbed), _resize_each(pooled))
+    noise = rng.integers(0, 256, (16, 2, 210, 160), dtype=np.uint8)
+    grabbed = np.tile(np.array([1, 2], np.uint8), 8)
+    expected = _resize_each(atari.max_pool(noise, grabbed))
+    np.testing.assert_array_equal(atari.pool_resize_84x84(noise, grabbed), expected)
+    np.testing.assert_array_equal(atari.pool_resize_84x84_pil(noise, grabbed), expected)
+
+
+def test_pooled_resize_refuses_bad_frame_counts_and_shapes():
+    """pool_box_resize checks its frame counts and shapes before writing anything."""
+    if atari._frames is None:
+        pytest.fail("hpcrl.envs._frames is not built (pip install -e . with a C compiler)")
+    h, v = atari.box_windows(160, 84), atari.box_windows(210, 84)
+    pairs = np.zeros((2, 2, 210, 160), np.uint8)
+    out = np.full((2, 84, 84), 7, np.uint8)
+    for bad in ([1, 0], [3, 2]):
+        with pytest.raises(ValueError, match=r"grabbed\[\d\] is [03]"):
+            atari._frames.pool_box_resize(pairs, np.array(bad, np.uint8), out, *h, *v)
+    with pytest.raises(ValueError, match="2 frames a screen"):
+        atari._frames.pool_box_resize(np.zeros((2, 3, 210, 160), np.uint8),
+                                      np.ones(2, np.uint8), out, *h, *v)
+    with pytest.raises(ValueError, match="different numbers of screens"):
+        atari._frames.pool_box_resize(pairs, np.ones(3, np.uint8), out, *h, *v)
+    with pytest.raises(TypeError, match="src must be a contiguous 4D uint8"):
+        atari._frames.pool_box_resize(pairs[0], np.ones(2, np.uint8), out, *h, *v)
+    with pytest.raises(TypeError, match="pool_box_resize"):
+        atari._frames.pool_box_resize(pairs, out, *h, *v)
+    assert (out == 7).all()
+    atari._frames.pool_box_resize(pairs, np.ones(2, np.uint8), out, *h, *v)
+    assert not out.any()
 
 
 def test_c_resize_refuses_windows_outside_the_screen():

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     grad.add_argument("--algo", choices=("a3c", "n_step_q", "a3c_lstm"), default="a3c")
     grad.add_argument("--blocks", type=int, default=7)
     grad.add_argument("--reps", type=int, default=20)
-    env = sub.add_parser("env", help="the Atari environment step with the C and the PIL resize")
+    env = sub.add_parser("env", help="the Atari environment step with the C and the numpy + PIL preprocessing")
     env.add_argument("--envs", type=int, default=8)
     env.add_argument("--steps", type=int, default=200, help="batched steps per block")
     env.add_argument("--blocks", type=int, default=7)

@@ -1,9 +1,10 @@
-"""``python -m hpcrl.bench env``: the Atari environment step with each frame resize, in one
-process on one core: the C resize (``hpcrl.envs._frames``, the default where it is built)
-against PIL's (:func:`hpcrl.envs.atari.resize_84x84_pil`), the same pixels either way.
+"""``python -m hpcrl.bench env``: the Atari environment step with each frame preprocessing, in
+one process on one core: the C pass (``hpcrl.envs._frames``, the default where it is built:
+the max of each frame pair and the resize in one pass) against numpy's max and PIL's resize
+(:func:`hpcrl.envs.atari.pool_resize_84x84_pil`), the same pixels either way.
 
-Both are timed on the same environments in alternating blocks (medians): the resize alone on
-the batch of real max-pooled screens it gets in a step, and the whole step of ``envs``
+Both are timed on the same environments in alternating blocks (medians): the max and resize
+alone on the batch of real frame pairs they get in a step, and the whole step of ``envs``
 Pong environments with random actions, in milliseconds per agent step (one environment's
 step of 4 emulator frames) and as ratios, C over PIL. In the same alternating blocks, the
 emulator alone on as many Pong emulators (the step's 4 frames of ``act`` and ``game_over`` per
@@ -35,7 +36,7 @@ def bench_env_step(envs: int, steps: int, blocks: int) -> dict:
     rng = np.random.default_rng(0)
     ales = atari.AtariEnv("pong", envs, 1, training=True)._ales
     minimal = ales[0].getMinimalActionSet()
-    resizes = {"c": atari.resize_84x84, "pil": atari.resize_84x84_pil}
+    resizes = {"c": atari.pool_resize_84x84, "pil": atari.pool_resize_84x84_pil}
     ms = {f"{what}_{k}": [] for what in ("resize", "step") for k in resizes}
 
     def step():
@@ -52,9 +53,9 @@ def bench_env_step(envs: int, steps: int, blocks: int) -> dict:
     for _ in range(blocks):
         ms.setdefault("emulator", []).append(_ms_per_call(emulate, steps) / envs)
         for k, resize in resizes.items():
-            env._resize = resize
-            screens = env._pooled.copy()
-            ms[f"resize_{k}"].append(_ms_per_call(lambda: resize(screens), steps))
+            env._pool_resize = resize
+            pairs, grabbed = env._screens.copy(), env._grabbed.copy()
+            ms[f"resize_{k}"].append(_ms_per_call(lambda: resize(pairs, grabbed), steps))
             ms[f"step_{k}"].append(_ms_per_call(step, steps) / envs)
     med = {k: float(np.median(v)) for k, v in ms.items()}
     return {"bench": "env", "game": "pong", "envs": envs, "steps_per_block": steps,

@@ -25,16 +25,49 @@ typedef struct {
     int32_t max_count;
 } Windows;
 
-/* One screen: rows [row0, row0 + rows) of src (width w) through the horizontal pass into tmp
- * (rows x h.out), then tmp through the vertical pass into dst (v.out x h.out). The vertical
- * pass sums whole rows of tmp (contiguous, so the compiler vectorises it) into `sums`. */
-static void resize_one(const uint8_t *restrict src, Py_ssize_t w, Py_ssize_t row0, Py_ssize_t rows,
-                       uint8_t *restrict tmp, uint16_t *restrict sums, uint8_t *restrict dst,
+/* The horizontal pass of one row by selection (see `averaging`): sel[xx] indexes a 320-byte
+ * buffer holding the row itself (0..159), the rounded means of its pixel pairs (2k, 2k + 1)
+ * at 160 + k and of its pairs (2k + 1, 2k + 2) at 240 + k. Both means are whole-row loops the
+ * compiler vectorises; what is left per output is one byte copy. */
+#define SEL_ROW 160
+static void select_row(const uint8_t *restrict line, const uint16_t *restrict sel,
+                       Py_ssize_t ow, uint8_t *restrict buf, uint8_t *restrict out) {
+    memcpy(buf, line, SEL_ROW);
+    for (int k = 0; k < SEL_ROW / 2; k++)
+        buf[SEL_ROW + k] = (uint8_t)(((unsigned)line[2 * k] + line[2 * k + 1] + 1) >> 1);
+    for (int k = 0; k < SEL_ROW / 2 - 1; k++)
+        buf[SEL_ROW + SEL_ROW / 2 + k] =
+            (uint8_t)(((unsigned)line[2 * k + 1] + line[2 * k + 2] + 1) >> 1);
+    for (Py_ssize_t xx = 0; xx < ow; xx++) out[xx] = buf[sel[xx]];
+}
+
+/* The row `y` of a screen as the horizontal pass reads it: the screen's own row, or, with a
+ * second screen `b`, the pixelwise max of the two rows written into `pooled`. */
+static inline const uint8_t *source_row(const uint8_t *a, const uint8_t *b, Py_ssize_t w,
+                                        Py_ssize_t y, uint8_t *restrict pooled) {
+    const uint8_t *ra = a + y * w;
+    if (b == NULL) return ra;
+    const uint8_t *rb = b + y * w;
+    for (Py_ssize_t x = 0; x < w; x++) pooled[x] = ra[x] > rb[x] ? ra[x] : rb[x];
+    return pooled;
+}
+
+/* One screen (or the max of two, `b` not NULL): rows [row0, row0 + rows) of it (width w)
+ * through the horizontal pass into tmp (rows x h.out), then tmp through the vertical pass into
+ * dst (v.out x h.out). The vertical pass sums whole rows of tmp (contiguous, so the compiler
+ * vectorises it) into `sums`. `sel`, where not NULL, is the horizontal pass by selection. */
+static void resize_one(const uint8_t *a, const uint8_t *b, Py_ssize_t w, Py_ssize_t row0,
+                       Py_ssize_t rows, uint8_t *restrict tmp, uint16_t *restrict sums,
+                       uint8_t *restrict pooled, const uint16_t *sel, uint8_t *restrict dst,
                        const Windows *h, const Windows *v) {
     const Py_ssize_t ow = h->out;
     for (Py_ssize_t y = 0; y < rows; y++) {
-        const uint8_t *line = src + (row0 + y) * w;
+        const uint8_t *line = source_row(a, b, w, row0 + y, pooled);
         uint8_t *out = tmp + y * ow;
+        if (sel != NULL) {
+            select_row(line, sel, ow, pooled + w, out);
+            continue;
+        }
         if (h->max_count == 2) { /* the ALE's 160 columns: windows of 1 or 2 pixels */
             for (Py_ssize_t xx = 0; xx < ow; xx++) {
                 const int32_t f = h->first[xx], c = h->count[xx];
@@ -64,6 +97,26 @@ static void resize_one(const uint8_t *restrict src, Py_ssize_t w, Py_ssize_t row
         uint8_t *out = dst + yy * ow;
         for (Py_ssize_t xx = 0; xx < ow; xx++) out[xx] = lut[sums[xx]];
     }
+}
+
+/* Whether the horizontal windows are those of a 160-pixel row whose table is a plain mean:
+ * every window of 1 pixel (table: the pixel) or of 2 (table: their rounded mean, (s + 1) >> 1,
+ * which a BOX weight of exactly 1/2 in fixed point gives). Then the pass can select from the
+ * row and its pair means (`select_row`), the same bytes. Fills `sel`. */
+static int averaging(const Windows *h, Py_ssize_t in_size, uint16_t *sel) {
+    if (in_size != SEL_ROW || h->max_count != 2 || h->lut_stride < 511) return 0;
+    for (int s = 0; s < 256; s++)
+        if (h->lut[h->lut_stride + s] != s) return 0;
+    for (int s = 0; s < 511; s++)
+        if (h->lut[2 * h->lut_stride + s] != (s + 1) >> 1) return 0;
+    for (Py_ssize_t xx = 0; xx < h->out; xx++) {
+        const int32_t f = h->first[xx], c = h->count[xx];
+        if (c == 1) sel[xx] = (uint16_t)f;
+        else if (c == 2 && f % 2 == 0) sel[xx] = (uint16_t)(SEL_ROW + f / 2);
+        else if (c == 2) sel[xx] = (uint16_t)(SEL_ROW + SEL_ROW / 2 + (f - 1) / 2);
+        else return 0;                      /* an empty window: the general pass */
+    }
+    return 1;
 }
 
 /* Takes a C-contiguous buffer of `format` with `ndim` dimensions; -1 with an error set. */
@@ -106,35 +159,55 @@ static int check_windows(Windows *c, const Py_buffer *first, const Py_buffer *co
     return 0;
 }
 
-#define NBUF 8
+#define NBUF 9
 
-static PyObject *box_resize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    static const char *names[NBUF] = {"src", "dst", "h_first", "h_count", "h_lut",
+/* box_resize and pool_box_resize: `pooled` says whether args hold (src [n, 2, H, W], grabbed
+ * [n] uint8, dst, windows...) — each screen the max of its two frames where grabbed is 2, its
+ * first frame where it is 1 — or (src [n, H, W], dst, windows...). */
+static PyObject *resize_call(PyObject *const *args, Py_ssize_t nargs, int pooled) {
+    static const char *names[NBUF] = {"src", "grabbed", "dst", "h_first", "h_count", "h_lut",
                                       "v_first", "v_count", "v_lut"};
-    static const char *formats[NBUF] = {"B", "B", "i", "i", "B", "i", "i", "B"};
-    static const int dims[NBUF] = {3, 3, 1, 1, 2, 1, 1, 2};
-    if (nargs != NBUF) {
-        PyErr_SetString(PyExc_TypeError, "box_resize(src, dst, h_first, h_count, h_lut, "
-                                         "v_first, v_count, v_lut)");
+    static const char *formats[NBUF] = {"B", "B", "B", "i", "i", "B", "i", "i", "B"};
+    static const int dims[NBUF] = {3, 1, 3, 1, 1, 2, 1, 1, 2};
+    const int skip = pooled ? 0 : 1;       /* box_resize takes no `grabbed` */
+    if (nargs != NBUF - skip) {
+        PyErr_SetString(PyExc_TypeError, pooled
+            ? "pool_box_resize(src, grabbed, dst, h_first, h_count, h_lut, v_first, v_count, v_lut)"
+            : "box_resize(src, dst, h_first, h_count, h_lut, v_first, v_count, v_lut)");
         return NULL;
     }
     Py_buffer b[NBUF];
     int taken = 0;
     for (; taken < NBUF; taken++) {
-        if (take(args[taken], &b[taken], names[taken], formats[taken], dims[taken],
-                 taken == 1) != 0)
+        if (taken == 1 && skip) {           /* no grabbed: an empty placeholder */
+            memset(&b[1], 0, sizeof(Py_buffer));
+            continue;
+        }
+        if (take(args[taken - (taken > 1 ? skip : 0)], &b[taken], names[taken], formats[taken],
+                 taken == 0 && pooled ? 4 : dims[taken], taken == 2) != 0)
             goto fail;
     }
-    const Py_ssize_t n = b[0].shape[0], hin = b[0].shape[1], win = b[0].shape[2];
-    Windows h = {b[2].buf, b[3].buf, b[4].buf, b[1].shape[2], b[4].shape[1], 0};
-    Windows v = {b[5].buf, b[6].buf, b[7].buf, b[1].shape[1], b[7].shape[1], 0};
-    if (b[1].shape[0] != n) {
-        PyErr_SetString(PyExc_ValueError, "src and dst hold different numbers of screens");
+    const Py_ssize_t n = b[0].shape[0];
+    const Py_ssize_t hin = b[0].shape[pooled ? 2 : 1], win = b[0].shape[pooled ? 3 : 2];
+    Windows h = {b[3].buf, b[4].buf, b[5].buf, b[2].shape[2], b[5].shape[1], 0};
+    Windows v = {b[6].buf, b[7].buf, b[8].buf, b[2].shape[1], b[8].shape[1], 0};
+    if (b[2].shape[0] != n || (pooled && b[1].shape[0] != n)) {
+        PyErr_SetString(PyExc_ValueError, "src, grabbed and dst hold different numbers of screens");
         goto fail;
     }
-    if (check_windows(&h, &b[2], &b[3], &b[4], win, "horizontal") != 0 ||
-        check_windows(&v, &b[5], &b[6], &b[7], hin, "vertical") != 0)
+    if (pooled && b[0].shape[1] != 2) {
+        PyErr_SetString(PyExc_ValueError, "src must hold 2 frames a screen, [n, 2, H, W]");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; pooled && i < n; i++) {
+        const uint8_t g = ((const uint8_t *)b[1].buf)[i];
+        if (g != 1 && g != 2) {
+            PyErr_Format(PyExc_ValueError, "grabbed[%zd] is %d: 1 or 2 frames a screen", i, g);
+            goto fail;
+        }
+    }
+    if (check_windows(&h, &b[3], &b[4], &b[5], win, "horizontal") != 0 ||
+        check_windows(&v, &b[6], &b[7], &b[8], hin, "vertical") != 0)
         goto fail;
     Py_ssize_t row0 = hin, row1 = 0; /* the input rows the vertical pass reads */
     for (Py_ssize_t i = 0; i < v.out; i++) {
@@ -145,25 +218,48 @@ static PyObject *box_resize(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (row1 < row0) row0 = row1 = 0;
     uint8_t *tmp = malloc((size_t)((row1 - row0) * h.out + 1));
     uint16_t *sums = malloc((size_t)(h.out + 1) * sizeof(uint16_t));
-    if (tmp == NULL || sums == NULL) {
+    uint16_t *sel = malloc((size_t)(h.out + 1) * sizeof(uint16_t));
+    uint8_t *rows = malloc((size_t)(win + 2 * SEL_ROW)); /* a pooled row, then select_row's */
+    if (tmp == NULL || sums == NULL || sel == NULL || rows == NULL) {
         free(tmp);
         free(sums);
+        free(sel);
+        free(rows);
         PyErr_NoMemory();
         goto fail;
     }
+    const int by_selection = averaging(&h, win, sel);
     /* The GIL stays held: the windows were checked in the caller's arrays, which another
      * thread could otherwise change under the loop (a rank steps its environments on one
      * thread, so releasing it would gain nothing). */
-    for (Py_ssize_t i = 0; i < n; i++)
-        resize_one((const uint8_t *)b[0].buf + i * hin * win, win, row0, row1 - row0, tmp, sums,
-                   (uint8_t *)b[1].buf + i * v.out * h.out, &h, &v);
+    const Py_ssize_t frame = hin * win;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *a = (const uint8_t *)b[0].buf + i * (pooled ? 2 : 1) * frame;
+        const uint8_t *second = pooled && ((const uint8_t *)b[1].buf)[i] == 2 ? a + frame : NULL;
+        resize_one(a, second, win, row0, row1 - row0, tmp, sums, rows,
+                   by_selection ? sel : NULL, (uint8_t *)b[2].buf + i * v.out * h.out, &h, &v);
+    }
     free(tmp);
     free(sums);
-    for (int i = 0; i < NBUF; i++) PyBuffer_Release(&b[i]);
+    free(sel);
+    free(rows);
+    for (int i = 0; i < NBUF; i++)
+        if (!(i == 1 && skip)) PyBuffer_Release(&b[i]);
     Py_RETURN_NONE;
 fail:
-    while (taken-- > 0) PyBuffer_Release(&b[taken]);
+    while (taken-- > 0)
+        if (!(taken == 1 && skip)) PyBuffer_Release(&b[taken]);
     return NULL;
+}
+
+static PyObject *box_resize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return resize_call(args, nargs, 0);
+}
+
+static PyObject *pool_box_resize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return resize_call(args, nargs, 1);
 }
 
 /* A learner's image batch from frame stacks: src [n, c, p] uint8 (n stacks of c frames of p
@@ -257,6 +353,10 @@ static PyMethodDef methods[] = {
     {"stack_channels_last", (PyCFunction)(void (*)(void))stack_channels_last, METH_FASTCALL,
      "stack_channels_last(src, lut, dst): [n, c, p] uint8 -> [n, p, c], each pixel lut[pixel] "
      "(items of 2 or 4 bytes)."},
+    {"pool_box_resize", (PyCFunction)(void (*)(void))pool_box_resize, METH_FASTCALL,
+     "pool_box_resize(src, grabbed, dst, h_first, h_count, h_lut, v_first, v_count, v_lut): "
+     "[n, 2, H, W] uint8 frame pairs -> [n, OH, OW] uint8, each screen the pixelwise max of its "
+     "two frames (grabbed 2) or its first (grabbed 1), then Pillow's BOX resize arithmetic."},
     {"box_resize", (PyCFunction)(void (*)(void))box_resize, METH_FASTCALL,
      "box_resize(src, dst, h_first, h_count, h_lut, v_first, v_count, v_lut): "
      "[n, H, W] uint8 screens -> [n, OH, OW] uint8, Pillow's BOX resize arithmetic."},

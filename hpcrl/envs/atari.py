@@ -99,6 +99,39 @@ def resize_84x84(screens: np.ndarray) -> np.ndarray:
     return out
 
 
+def max_pool(pairs: np.ndarray, grabbed: np.ndarray) -> np.ndarray:
+    """[n, 2, H, W] uint8 frame pairs -> [n, H, W]: each screen the pixelwise max of its two
+    frames where ``grabbed`` is 2, its first frame where it is 1 (DQN's max over the last two
+    frames of a skip, or the one frame of a skip cut short)."""
+    pooled = np.maximum(pairs[:, 0], pairs[:, 1])
+    single = np.asarray(grabbed) == 1
+    pooled[single] = pairs[single, 0]
+    return pooled
+
+
+def pool_resize_84x84(pairs: np.ndarray, grabbed: np.ndarray) -> np.ndarray:
+    """:func:`max_pool` then :func:`resize_84x84`: [n, 2, H, W] uint8 -> [n, 84, 84] uint8.
+
+    For the ALE's screens the C extension does both in one pass (`_frames.pool_box_resize`:
+    each row's max goes straight into the horizontal pass, no pooled screen is written), the
+    same pixels; other shapes and installs without the extension pool in numpy and resize as
+    :func:`resize_84x84` does."""
+    n, two, h, w = pairs.shape
+    if _frames is None or (h, w) != ALE_SCREEN or two != 2:
+        return resize_84x84(max_pool(pairs, grabbed))
+    pairs = np.ascontiguousarray(pairs, np.uint8)
+    out = np.empty((n, FRAME_HEIGHT, FRAME_WIDTH), np.uint8)
+    _frames.pool_box_resize(pairs, np.ascontiguousarray(grabbed, np.uint8), out,
+                            *box_windows(w, FRAME_WIDTH), *box_windows(h, FRAME_HEIGHT))
+    return out
+
+
+def pool_resize_84x84_pil(pairs: np.ndarray, grabbed: np.ndarray) -> np.ndarray:
+    """The same as :func:`pool_resize_84x84` by numpy's max and PIL's resize (the reference
+    the C pass is measured and tested against)."""
+    return resize_84x84_pil(max_pool(pairs, grabbed))
+
+
 def resize_84x84_pil(screens: np.ndarray) -> np.ndarray:
     """[n, H, W] uint8 grayscale screens -> [n, 84, 84] uint8 with PIL's BOX filter.
 
@@ -169,7 +202,8 @@ class AtariEnv:
         self.num_actions = len(self._action_set)
         h, w = self._ales[0].getScreenDims()
         self._screens = np.zeros((num_envs, 2, h, w), np.uint8)  # last two frames of the skip
-        self._pooled = np.zeros((num_envs, h, w), np.uint8)
+        self._grabbed = np.ones(num_envs, np.uint8)    # how many of them this step holds
+        self._frame_pairs = [(pair[0], pair[1]) for pair in self._screens]  # views, made once
         self.frame_shape = (FRAME_HEIGHT, FRAME_WIDTH)
         self.obs_shape = (stack, FRAME_HEIGHT, FRAME_WIDTH)
         self._stack = np.zeros((num_envs, *self.obs_shape), np.uint8)
@@ -178,19 +212,30 @@ class AtariEnv:
         self.render_fps = 60 / frame_skip  # the ALE's 60 Hz, one picture per agent step
 
     # -- preprocessing ---------------------------------------------------------------------
-    @staticmethod
-    def _resize(screens: np.ndarray) -> np.ndarray:
-        return resize_84x84(screens)
+    #: the max of each environment's frame pair and the 84 x 84 resize (bench env swaps it)
+    _pool_resize = staticmethod(pool_resize_84x84)
+
+    def pooled_screens(self) -> np.ndarray:
+        """[n, 210, 160] uint8: the max-pooled grayscale screens of the last step or reset,
+        before the resize."""
+        return max_pool(self._screens, self._grabbed)
+
+    def _frames_of(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """[n, 84, 84] uint8: the new frame of every environment (or of those in ``idx``)."""
+        if idx is None:
+            return self._pool_resize(self._screens, self._grabbed)
+        return self._pool_resize(self._screens[idx], self._grabbed[idx])
 
     def _act(self, i: int, action) -> tuple[int, bool]:
         """One agent step of env i: repeat `action` for up to frame_skip frames.
 
-        Stops early at game over or at the frame cap. Writes the max of the last two emulator
-        frames of the skip into `self._pooled[i]` (only the final frame if the skip stopped
-        early or frame_skip == 1). Returns the summed raw reward and whether the game is over
-        (asked once per emulator frame; the step does not ask again).
+        Stops early at game over or at the frame cap. Grabs the last two emulator frames of
+        the skip into `self._screens[i]` (only the final frame if the skip stopped early or
+        frame_skip == 1) and their count into `self._grabbed[i]`; the step pools and resizes
+        them. Returns the summed raw reward and whether the game is over (asked once per
+        emulator frame; the step does not ask again).
         """
-        ale, screens = self._ales[i], self._screens[i]
+        ale, screens = self._ales[i], self._frame_pairs[i]
         skip, cap = self.frames_per_step, self.max_episode_frames
         frames = int(self._episodes.frames[i])
         reward = grabbed = 0
@@ -206,14 +251,11 @@ class AtariEnv:
             if done:
                 break
         self._episodes.frames[i] = frames
-        if grabbed == 2:
-            np.maximum(screens[0], screens[1], out=self._pooled[i])
-        else:
-            self._pooled[i] = screens[0]
+        self._grabbed[i] = grabbed
         return reward, over
 
     def _reset_one(self, i: int) -> None:
-        """New game in env i: reset, U{0..noop_max} no-op frames; first screen into `_pooled[i]`."""
+        """New game in env i: reset, U{0..noop_max} no-op frames; its first screen grabbed."""
         ale = self._ales[i]
         ale.reset_game()
         num_noops = int(self._noop_rng.integers(0, self.noop_max + 1))
@@ -226,14 +268,15 @@ class AtariEnv:
         self._episodes.frames[i] = num_noops
         self._episodes.returns[i] = 0.0
         self._lives[i] = ale.lives()
-        ale.getScreenGrayscale(self._pooled[i])
+        ale.getScreenGrayscale(self._frame_pairs[i][0])
+        self._grabbed[i] = 1
 
     def _reset_envs(self, idx: np.ndarray) -> None:
         """Reset the envs in `idx`; their stacks become zeros + the first frame."""
         for i in idx:
             self._reset_one(int(i))
         self._stack[idx] = 0
-        self._stack[idx, -1] = self._resize(self._pooled[idx])
+        self._stack[idx, -1] = self._frames_of(idx)
 
     # -- interface ---------------------------------------------------------------------------
     @property
@@ -262,7 +305,7 @@ class AtariEnv:
         for i in range(n):
             raw[i], game_over[i] = self._act(i, self._action_set[acts[i]])
             lives[i] = self._ales[i].lives() if count_lives else self._lives[i]
-        last_frame = self._resize(self._pooled)
+        last_frame = self._frames_of()
         truncated = ~game_over & (self._episodes.frames >= self.max_episode_frames)
         life_lost = lives < self._lives
         self._lives = lives
