@@ -138,6 +138,52 @@ class AlwaysLeft:
         pass
 
 
+class RandomActions:
+    """Uniform random actions from a seeded stream (the same stream for two identical envs)."""
+
+    state = None
+
+    def __init__(self, num_actions, seed):
+        self.num_actions, self.rng = num_actions, np.random.default_rng(seed)
+
+    def act(self, obs):
+        return self.rng.integers(0, self.num_actions, len(obs))
+
+    def episode_end(self, end):
+        pass
+
+
+def test_atari_rollouts_written_into_their_storage_equal_stacked_ones():
+    """Where the env writes its observations into the rollout's storage (AtariEnv's ``out``),
+    the rollouts are those of fresh observation arrays stacked at the end, field for field,
+    across episode ends too (a frame cap of 120 frames: an episode every 30 agent steps), and
+    s_t is s_tm1 shifted by one where no episode ended, without a copy."""
+    from hpcrl.envs.atari import AtariEnv
+
+    envs = [AtariEnv("breakout", 3, 4, training=True, max_episode_frames=120) for _ in range(2)]
+    envs[1].obs_into = False                               # fresh arrays, stacked
+    policies = [RandomActions(envs[0].num_actions, 8) for _ in range(2)]
+    obs = [env.reset() for env in envs]
+    ends = shared = 0
+    for _ in range(14):
+        got, want = [], []
+        for k in range(2):
+            rollout, obs[k] = collect_rollout(envs[k], obs[k], policies[k], 5, None)
+            (got if k == 0 else want).append(rollout)
+        for field in Rollout._fields[:-1]:
+            np.testing.assert_array_equal(getattr(got[0], field), getattr(want[0], field))
+        np.testing.assert_array_equal(obs[0], obs[1])
+        ends += int(got[0].end_t.any())
+        if not got[0].end_t.any():
+            assert np.shares_memory(got[0].s_t, got[0].s_tm1)
+            shared += 1
+    assert ends >= 2 and shared >= 2
+    with pytest.raises(ValueError, match="fresh"):
+        envs[0].step(np.zeros(3, np.int64), out=obs[0])    # the previous step's observation
+    for env in envs:
+        env.close()
+
+
 def test_collect_rollout_keeps_pre_reset_state_at_episode_ends():
     env = make_env("CartPole-v1", 1, seed=0, training=True)
 

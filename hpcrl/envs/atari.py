@@ -294,8 +294,16 @@ class AtariEnv:
         self._reset_envs(np.arange(self.num_envs))
         return self._stack.copy()
 
-    def step(self, actions: np.ndarray) -> StepResult:
-        """One agent step (frame_skip emulator frames) in every env; auto-resets ended games."""
+    #: step() can write its observations into a buffer of the caller's (``out``)
+    obs_into = True
+
+    def step(self, actions: np.ndarray, out: np.ndarray | None = None) -> StepResult:
+        """One agent step (frame_skip emulator frames) in every env; auto-resets ended games.
+
+        ``out``: an [N, *obs_shape] uint8 array to write the new observations into (a slot of
+        a rollout's storage, say), handed out as ``obs`` in place of a fresh array; the env
+        never writes into it after this step. It must not be the previous step's ``obs``.
+        """
         acts = check_actions(actions, self.num_envs, self.num_actions)
         n = self.num_envs
         raw = np.zeros(n, np.float32)
@@ -314,9 +322,16 @@ class AtariEnv:
         terminal = game_over | (life_lost & self.life_loss_terminal)
         episode_return = np.where(episode_end, self._episodes.returns, 0.0).astype(np.float32)
         episode_frames = np.where(episode_end, self._episodes.frames, 0)
-        # The new stack is a fresh array, handed out as the observation without a copy: the
-        # env never writes into it after this step (the next step builds another one).
-        stack = np.empty_like(self._stack)
+        # The new stack is a fresh array (or the caller's `out`), handed out as the observation
+        # without a copy: the env never writes into it after this step (the next step builds
+        # another one).
+        if out is None:
+            stack = np.empty_like(self._stack)
+        elif (out.shape != self._stack.shape or out.dtype != np.uint8
+              or np.may_share_memory(out, self._stack)):
+            raise ValueError(f"out must be a fresh {self._stack.shape} uint8 array")
+        else:
+            stack = out
         stack[:, :-1] = self._stack[:, 1:]
         stack[:, -1] = last_frame
         self._stack = stack

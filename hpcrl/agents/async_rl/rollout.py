@@ -78,10 +78,19 @@ def collect_rollout(env, obs: np.ndarray, policy, num_steps: int,
     # Per step only what must happen per step; dtype conversions wait for the stacks at the end
     # (numpy calls are slow right after a forward pass or an emulator step: their code is cold).
     step = step or env.step
+    # Where the env writes its observations into a buffer of ours, they go straight into the
+    # rollout's storage: states[i] is s_tm1[i] and, unless an episode ended, states[i + 1] is
+    # s_t[i], so neither needs stacking (two copies of the rollout's frames saved).
+    states = (np.empty((num_steps + 1, *obs.shape), obs.dtype)
+              if getattr(env, "obs_into", False) else None)
+    if states is not None:
+        states[0] = obs
+        obs = states[0]
     s_tm1, a_tm1, r_t, terminal_t, end_t, s_t = [], [], [], [], [], []
+    ended = False
     for i in range(num_steps):
         actions = first_actions if (i == 0 and first_actions is not None) else policy.act(obs)
-        res = step(actions)
+        res = step(actions) if states is None else step(actions, out=states[i + 1])
         s_tm1.append(obs)
         a_tm1.append(actions)
         r_t.append(res.reward)
@@ -91,6 +100,7 @@ def collect_rollout(env, obs: np.ndarray, policy, num_steps: int,
             s_t.append(np.where(_expand(res.episode_end, obs.ndim),
                                 next_obs_before_reset(obs, res.last_frame), res.obs))
             policy.episode_end(res.episode_end)
+            ended = True
         else:
             s_t.append(res.obs)
         if on_step is not None:
@@ -99,9 +109,13 @@ def collect_rollout(env, obs: np.ndarray, policy, num_steps: int,
     discount_t = (~np.stack(terminal_t)).astype(np.float32)
     actions = np.stack(a_tm1)                       # float [T, N, D] for continuous actions
     actions = actions if actions.dtype.kind == "f" else actions.astype(np.int64, copy=False)
-    return Rollout(np.stack(s_tm1), actions,
+    if states is not None:
+        s_tm1_all, s_t_all = states[:-1], (np.stack(s_t) if ended else states[1:])
+    else:
+        s_tm1_all, s_t_all = np.stack(s_tm1), np.stack(s_t)
+    return Rollout(s_tm1_all, actions,
                    np.stack(r_t).astype(np.float32, copy=False), discount_t,
-                   np.stack(end_t).astype(bool, copy=False), np.stack(s_t), state0), obs
+                   np.stack(end_t).astype(bool, copy=False), s_t_all, state0), obs
 
 
 def _expand(mask: np.ndarray, ndim: int) -> np.ndarray:

@@ -110,9 +110,9 @@ class ActorLearnerWorker(WorkerBase):
     def global_frames(self) -> int:
         return self.frames_seen
 
-    def _env_step(self, actions) -> StepResult:
+    def _env_step(self, actions, **kwargs) -> StepResult:
         """One step of the environments, the training rewards scaled (``reward_norm``)."""
-        res = self.env.step(actions)
+        res = self.env.step(actions, **kwargs)
         return res._replace(reward=self.reward_scaler.scale(res.reward, res.episode_end))
 
     def _on_step(self, res: StepResult) -> None:
