@@ -277,11 +277,14 @@ class Config:
                                 "estimate: ranks that each stay under memory_guard_gb can "
                                 "together run the node out of memory, where the kernel's OOM "
                                 "killer ends a rank without a word; 0 = off", lo=0.0)
-    malloc_mmap_threshold_kb: int = _f(1024, "glibc's mmap threshold for every rank, fixed "
-                                       "(glibc raises it to the size of each large block "
-                                       "freed, after which ~1 MB tensors fragment the heap: "
-                                       "the 20-rank A3C LSTM job's ranks grew by 3 MB/s with "
-                                       "nothing more in use); 0 = glibc's own, else >= 128",
+    malloc_mmap_threshold_kb: int = _f(0, "glibc's mmap threshold for every rank, fixed; "
+                                       "0 = glibc's own rule (it raises the threshold to the "
+                                       "size of each large block freed), else >= 128. A fixed "
+                                       "1024 keeps the A3C LSTM configs' ~1 MB tensors from "
+                                       "fragmenting the heap (their 20-rank job's ranks grew "
+                                       "by 3 MB/s under glibc's rule), but every block above "
+                                       "it is then mapped and faulted in anew: the Gorila "
+                                       "learner's gradient took 21-23 ms instead of 13",
                                        lo=0, hi=32768)
     checkpoint_min_mb_per_s: float = _f(100.0, "slowest aggregate write rate (MB/s over all "
                                         "ranks) a checkpoint generation may take before it "
