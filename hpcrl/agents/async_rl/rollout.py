@@ -91,7 +91,8 @@ def collect_rollout(env, obs: np.ndarray, policy, num_steps: int,
     for i in range(num_steps):
         actions = first_actions if (i == 0 and first_actions is not None) else policy.act(obs)
         res = step(actions) if states is None else step(actions, out=states[i + 1])
-        s_tm1.append(obs)
+        if states is None:                  # else states[:-1] holds them already
+            s_tm1.append(obs)
         a_tm1.append(actions)
         r_t.append(res.reward)
         terminal_t.append(res.terminal)
