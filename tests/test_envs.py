@@ -457,3 +457,89 @@ def test_a_resume_that_switches_life_loss_terminals_on_sees_no_stale_life_loss()
     on = make_env("breakout", 1, seed=2, training=True, terminal_on_life_loss=True)
     on.set_state(state)
     assert not on.step(np.zeros(1, np.int64)).terminal[0]
+
+
+needs_palette_simd = pytest.mark.skipif(atari._frames is None or not atari._frames.palette_simd(),
+                                        reason="the palette lookup's AVX-512 VBMI loop")
+
+
+@pytest.mark.skipif(atari._frames is None, reason="the C extension")
+@pytest.mark.parametrize("simd", [True, False])
+def test_palette_lookup_is_the_table_at_every_length(simd):
+    """dst == gray[src] for lengths around the 64-byte blocks and a whole screen; True exactly
+    when no pixel's index is marked unknown (the flag of the last pixel, inside the tail)."""
+    rng = np.random.default_rng(3)
+    gray = rng.integers(0, 256, 256).astype(np.uint8)
+    for n in [1, 63, 64, 65, 127, 128, 1000, 210 * 160]:
+        src = rng.integers(0, 256, n).astype(np.uint8)
+        dst = np.zeros(n, np.uint8)
+        unknown = np.zeros(256, np.uint8)
+        unknown[np.setdiff1d(np.arange(256), src)] = 1        # indices absent from src
+        assert atari._frames.palette_gray(src, dst, gray, unknown, simd) is True
+        np.testing.assert_array_equal(dst, gray[src])
+        unknown[src[-1]] = 1
+        assert atari._frames.palette_gray(src, dst, gray, unknown, simd) is False
+        np.testing.assert_array_equal(dst, gray[src])         # written all the same
+
+
+@pytest.mark.skipif(atari._frames is None, reason="the C extension")
+def test_palette_lookup_refuses_bad_buffers():
+    src, dst, table = np.zeros(100, np.uint8), np.zeros(100, np.uint8), np.zeros(256, np.uint8)
+    lookup = atari._frames.palette_gray
+    with pytest.raises(ValueError, match="size of src"):
+        lookup(src, dst[:99], table, table, True)
+    with pytest.raises(ValueError, match="256 bytes"):
+        lookup(src, dst, table[:255], table, True)
+    with pytest.raises(ValueError, match="not be src"):
+        lookup(src, src, table, table, True)
+    with pytest.raises(TypeError, match="uint8"):
+        lookup(src.astype(np.int32), dst, table, table, True)
+    read_only = np.zeros(100, np.uint8)
+    read_only.setflags(write=False)
+    with pytest.raises((BufferError, ValueError)):
+        lookup(src, read_only, table, table, True)
+
+
+@needs_palette_simd
+@pytest.mark.parametrize("game", ["pong", "ms_pacman", "space_invaders", "seaquest"])
+def test_palette_screens_are_the_ales_grayscale_screens(game):
+    """Two envs of one seed and actions, one with the learned palette and one asking the ALE
+    for every grayscale screen: the same pooled screens and observations at every step, and
+    after the first steps the ALE is asked for (almost) none."""
+    fast, plain = (make_env(game, 2, seed=5, training=True) for _ in range(2))
+    plain._palette.enabled = False
+    calls = []
+    grab = fast._palette.grab
+
+    def counted(ale, out):
+        before = int(fast._palette.unknown.sum())
+        grab(ale, out)
+        calls.append(before != int(fast._palette.unknown.sum()))
+    fast._palette.grab = counted
+    np.testing.assert_array_equal(fast.reset(), plain.reset())
+    for actions in _random_actions(fast, 5, 400):
+        a, b = fast.step(actions), plain.step(actions)
+        np.testing.assert_array_equal(fast.pooled_screens(), plain.pooled_screens())
+        np.testing.assert_array_equal(a.obs, b.obs)
+    palette = fast._palette
+    assert palette.enabled and sum(calls) < 20 < len(calls)   # the table learned in a few screens
+    seen = np.flatnonzero(palette.unknown == 0)
+    assert 2 <= seen.size <= 40 and not np.any(seen % 2)       # the NTSC palette's even indices
+
+
+@needs_palette_simd
+def test_palette_that_is_not_a_function_of_the_index_falls_back_to_the_ale():
+    env = make_env("pong", 1, seed=2, training=True)
+    env.reset()
+    palette = env._palette
+    idx, gray = np.flatnonzero(palette.unknown == 0)[0], palette.gray.copy()
+    indices = np.full((210, 160), idx, np.uint8)
+    other = np.full((210, 160), gray[idx] ^ 1, np.uint8)      # a second value for a known index
+    palette.learn(indices, other)
+    assert not palette.enabled
+    np.testing.assert_array_equal(palette.gray, gray)          # nothing learned from it
+    ref = make_env("pong", 1, seed=2, training=True)
+    ref._palette.enabled = False
+    ref.reset()
+    for actions in _random_actions(env, 2, 30):
+        np.testing.assert_array_equal(env.step(actions).obs, ref.step(actions).obs)
