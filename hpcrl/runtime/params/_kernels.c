@@ -102,10 +102,21 @@ static PyObject *run_kernel(PyObject *const *objs, const BufSpec *specs, int cou
     Py_RETURN_NONE;
 }
 
+/* Each loop is compiled for AVX-512 and AVX2 besides the baseline and picked at load time by the
+ * CPU (GCC's target_clones): the baseline x86-64 build has 4-float vectors, in which the sqrt
+ * and the divide of 0.68 M floats take most of a step; the wider ones cut it (docs/performance.md).
+ * FMA contraction in the AVX2/AVX-512 versions changes at most the last bit (as said above). */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define HPCRL_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define HPCRL_CLONES
+#endif
+
 /* Each loop is a function with restrict parameters: GCC takes restrict from function parameters
  * (not from a block's locals), and without it four or five arrays need alias checks that it may
  * not version a loop for (the Adam loop stayed scalar that way: 4x the RMSProp kernel's time). */
 
+HPCRL_CLONES
 static void scaled_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
                         float *restrict acc, float *restrict out, float a, float b, float eps,
                         float lr) {
@@ -147,6 +158,7 @@ static PyObject *scaled_step(PyObject *self, PyObject *args) {
  * float32 sqrt and divide run at twice the vector width of double ones (the step was ~60 %
  * of the ps's time per gradient in double on a Nature-DQN shard). No flush-to-zero: the
  * accumulator only grows. */
+HPCRL_CLONES
 static void adagrad_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
                          double *restrict acc, float *restrict out, double eps, float lr) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -176,6 +188,7 @@ static PyObject *adagrad_step(PyObject *self, PyObject *args) {
  *   m = momentum * m + (1 - momentum) * g;  theta_out = theta_in - lr * m
  * Five numpy passes over the shard in one; |m| below FLT_MIN is stored as 0 (a dead unit's m
  * decays by the momentum per step into the denormal range, as RMSProp's statistic does). */
+HPCRL_CLONES
 static void momentum_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
                           float *restrict m, float *restrict out, float keep, float take,
                           float lr) {
@@ -210,6 +223,7 @@ static PyObject *momentum_step(PyObject *self, PyObject *args) {
  *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g*g
  *   theta_out = theta_in - lr * (m / sqrt(v + eps))
  * |m| and v below FLT_MIN are stored as 0, as the other kernels' statistics. */
+HPCRL_CLONES
 static void adam_loop(Py_ssize_t n, const float *restrict th, const float *restrict g,
                       float *restrict m, float *restrict v, float *restrict out, float k1,
                       float t1, float k2, float t2, float eps, float lr) {
