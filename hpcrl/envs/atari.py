@@ -168,8 +168,8 @@ class PaletteGray:
     index's gray value is learned from the ALE's own grayscale screen the first time the index
     appears (a screen with an index not yet seen is grabbed in grayscale from the ALE and
     teaches the table), so every pixel is the ALE's. Should a gray value ever not be a
-    function of the index (no ALE setting used here does that), the tables are dropped and
-    every screen comes from ``getScreenGrayscale`` again. Without the extension or without
+    function of the index (no ALE setting used here does that), the table is no longer used
+    and every screen comes from ``getScreenGrayscale`` again. Without the extension or without
     VBMI (where a scalar loop is no faster than the ALE's) every screen comes from the ALE.
     """
 
