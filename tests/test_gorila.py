@@ -453,3 +453,29 @@ def test_bfloat16_target_torso_cast_once_per_pull_changes_no_bit():
     stale, fresh = cached.gradient(batch, 2), every_time.gradient(batch)
     assert stale is not None and fresh is not None
     assert not np.array_equal(stale, fresh)
+
+
+def test_learner_drops_a_gradient_whose_squared_norm_is_not_finite():
+    """A finite loss whose gradient's float32 squared norm overflows (output weights of 1e30:
+    the hidden layer's gradient is about 1e30 per element, its squares past float32's range)
+    is dropped as non-finite; the same network with ordinary weights updates."""
+    import torch
+
+    from hpcrl.agents.gorila.learner import GorilaLearner
+    from hpcrl.config import load_config
+    from hpcrl.rl.networks import MLPQNetwork
+    from hpcrl.rl.types import Transition
+
+    torch.manual_seed(0)
+    cfg = load_config(None, [])
+    net, target = MLPQNetwork(2, 2, hidden=(8,)), MLPQNetwork(2, 2, hidden=(8,))
+    learner = GorilaLearner(net, target, cfg)
+    s = np.ones((4, 1, 2), np.float32)
+    batch = Transition(s, np.zeros(4, np.int64), np.zeros(4, np.float32),
+                       np.ones(4, np.float32), s)
+    assert learner.gradient(batch) is not None
+    with torch.no_grad():
+        net.q_head.weight.fill_(1e30)
+        net.torso[0].bias.fill_(1.0)                    # every hidden unit active
+    assert learner.gradient(batch) is None
+    assert (learner.stats.updates, learner.stats.dropped_nonfinite) == (1, 1)
