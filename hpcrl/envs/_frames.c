@@ -355,7 +355,7 @@ fail:
  * whose indices are all known gets the ALE's pixels exactly; one with an index not yet seen
  * is grabbed from the ALE in grayscale instead (and teaches the tables). With AVX-512 VBMI a
  * 256-entry byte table is two 128-entry permutes of 64 pixels at a time; elsewhere a plain
- * loop, about as fast as the ALE's own conversion. */
+ * loop (slower than the ALE's own conversion, so Python uses the ALE's where VBMI is absent). */
 static int gray_scalar(const uint8_t *restrict src, uint8_t *restrict dst, Py_ssize_t n,
                        const uint8_t *gray, const uint8_t *unknown) {
     uint8_t bad = 0;
