@@ -11,7 +11,7 @@ import torch
 from hpcrl.agents.async_rl.learner import (AsyncLearner, actor_critic_bootstrap,
                                            actor_critic_outputs, clip_by_global_norm,
                                            target_q_values, unroll_actor_critic)
-from hpcrl.agents.base import target_refresh_due
+from hpcrl.agents.base import target_refreshes_due
 from hpcrl.agents.async_rl.rollout import Rollout, collect_rollout, next_obs_before_reset
 from hpcrl.bench.jobs import phase_fraction
 from hpcrl.config import Config
@@ -267,12 +267,12 @@ def test_clip_by_global_norm():
     np.testing.assert_allclose(np.concatenate(pieces), [1.5, 6.0, 2.0], rtol=1e-6)
 
 
-def test_target_refresh_due_once_per_multiple():
+def test_target_refreshes_due_once_per_multiple():
     every, total, due = 10, 0, []
-    for n in (4, 4, 4, 4, 4, 30):            # counter: 4 8 12 16 20 50
+    for n in (4, 4, 4, 4, 4, 30, 0, 9):       # counter: 4 8 12 16 20 50 50 59
         total += n
-        due.append(target_refresh_due(total, n, every))
-    assert due == [False, False, True, False, True, True]
+        due.append(target_refreshes_due(total, n, every))
+    assert due == [0, 0, 1, 0, 1, 3, 0, 0]    # 10; 20; 30, 40 and 50
 
 
 # ------------------------------------------------------------------------------ real MPI runs

@@ -355,16 +355,21 @@ def test_learner_gradient_on_images_equals_a_plain_torch_reference(precision):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("unit", ["updates", "agent_steps"])
-def test_target_period_counts_its_unit(unit, tmp_path):
+@pytest.mark.parametrize("unit, every", [("updates", 300), ("agent_steps", 300),
+                                         ("agent_steps", 5)])
+def test_target_period_counts_its_unit(unit, every, tmp_path):
     """With ``target_update_unit = updates`` the ps refreshes theta- every K applied updates
     (Gorila's N); with ``agent_steps`` every K global agent steps, asked for by the actor whose
-    step crosses the multiple (DQN's C): the number of refreshes at the final checkpoint is
-    applied // K or frames // K (CartPole: one frame per agent step)."""
+    addition to the frame counter crosses the multiple (DQN's C): the number of refreshes at
+    the final checkpoint is applied // K or frames // K (CartPole: one frame per agent step).
+    K = 5 is below the steps an actor adds at once (FRAMES_ADDED_EVERY), so one addition
+    crosses one or two multiples and must ask for as many refreshes."""
+    from hpcrl.agents.gorila.actor import FRAMES_ADDED_EVERY
     from hpcrl.io import checkpoint as ckpt
     from hpcrl.tools.runfiles import checkpoint_generation
 
-    run_dir, every = tmp_path / "r", 300
+    assert FRAMES_ADDED_EVERY > 5
+    run_dir = tmp_path / "r"
     proc, _ = run_mpi(4, ["-m", "hpcrl.run", "--config", "configs/gorila_cartpole.toml",
                           "--set", "total_frames=3000", "--set", f"run_dir={run_dir}",
                           "--set", f"target_update_every={every}",
@@ -479,3 +484,4 @@ def test_learner_drops_a_gradient_whose_squared_norm_is_not_finite():
         net.torso[0].bias.fill_(1.0)                    # every hidden unit active
     assert learner.gradient(batch) is None
     assert (learner.stats.updates, learner.stats.dropped_nonfinite) == (1, 1)
+

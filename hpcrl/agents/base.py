@@ -36,11 +36,13 @@ class WorkerBase:
         pass
 
 
-def target_refresh_due(steps_after: int, num_steps: int, every: int) -> bool:
-    """Whether adding ``num_steps`` to the global step counter (now ``steps_after``) crossed a
-    multiple of ``every`` (DQN's C, the asynchronous methods' I_target): exactly one rank's
-    addition crosses each multiple, so exactly one rank asks the ps for each refresh."""
-    return steps_after // every > (steps_after - num_steps) // every
+def target_refreshes_due(steps_after: int, num_steps: int, every: int) -> int:
+    """How many multiples of ``every`` (DQN's C, the asynchronous methods' I_target) adding
+    ``num_steps`` to the global step counter (now ``steps_after``) crossed: exactly one rank's
+    addition crosses each multiple, so the ps is asked for exactly one refresh per multiple,
+    however many steps each addition carries (a Gorila actor adds several agent steps at once,
+    :data:`hpcrl.agents.gorila.actor.FRAMES_ADDED_EVERY`)."""
+    return steps_after // every - (steps_after - num_steps) // every
 
 
 class TargetNetwork:

@@ -22,8 +22,8 @@ import numpy as np
 
 from hpcrl.agents.async_rl.learner import VALUE_METHODS, AsyncLearner
 from hpcrl.agents.async_rl.rollout import collect_rollout
-from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, target_refresh_due, \
-    torch_rng_state
+from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, \
+    target_refreshes_due, torch_rng_state
 from hpcrl.agents.evaluation import EvaluationInterrupted, evaluate, final_evaluation, \
     first_evaluation, interrupt_at_checkpoint
 from hpcrl.core import LearnerStats, sub_state, with_prefix
@@ -145,8 +145,10 @@ class ActorLearnerWorker(WorkerBase):
                        self.learner.sq_norm)
         if self.value_method:                          # the shared step counter of I_target
             num_steps = cfg.t_max * self.n_env
-            if target_refresh_due(self.steps.add(num_steps), num_steps, cfg.target_update_every):
-                store.request_target_refresh()
+            due = target_refreshes_due(self.steps.add(num_steps), num_steps,
+                                       cfg.target_update_every)
+            if due:
+                store.request_target_refresh(due)
         if grad is not None and cfg.wait_own_update > 0:
             store.wait_consumed(timeout_s=cfg.wait_own_update)
         self.versions = store.pull(self.theta)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hpcrl.agents.base import target_refresh_due
+from hpcrl.agents.base import target_refreshes_due
 from hpcrl.agents.evaluation import EvaluationInterrupted, evaluate, first_evaluation
 from hpcrl.config import Config
 from hpcrl.core import sub_state, with_prefix
@@ -20,6 +20,16 @@ from hpcrl.runtime.context import ClientLink, rank_seed
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.layout import bind_parameters
 from hpcrl.runtime.params.store import ParameterStore
+
+#: A bundle's batched acting steps between two additions of its frames to the job's frame
+#: counter (and before every checkpoint). Each addition is an MPI atomic on shard 0, about 4 %
+#: of a bundle's time when made every step (docs/performance.md). Between additions the actor
+#: counts its own frames on top of the counter's last value (``global_frames``); a target
+#: refresh timed in global agent steps is asked for by the addition that crosses its multiple,
+#: so refreshes come one per ``target_update_every`` added steps, each at most the other
+#: actors' unadded steps (fewer than this many batched steps each) late. Split-mode actors add
+#: every step: their learners pace on the counter (``split_update_every``).
+FRAMES_ADDED_EVERY = 8
 
 
 class LocalReplaySink:
@@ -46,8 +56,10 @@ class Actor:
 
     def __init__(self, cfg: Config, rank: int, store: ParameterStore, link: ClientLink, sink,
                  env=None, net: torch.nn.Module | None = None,
-                 eval_slot: tuple[int, int] | None = (0, 1), eval_interrupt=None):
+                 eval_slot: tuple[int, int] | None = (0, 1), eval_interrupt=None,
+                 frames_added_every: int = 1):
         self.cfg, self.rank, self.store, self.link, self.sink = cfg, rank, store, link, sink
+        self.frames_added_every = frames_added_every     # batched steps between additions
         #: ``on_step`` of the periodic evaluations: gives one up when a checkpoint is due
         #: (:func:`hpcrl.agents.evaluation.interrupt_at_checkpoint`)
         self.eval_interrupt = eval_interrupt
@@ -61,7 +73,8 @@ class Actor:
         self.frames_per_step = self.env.frames_per_step * self.env.num_envs
         self.frames = store.word(Word.FRAMES)
         self.local_frames = self.steps = 0
-        self.global_frames = self.frames.read()              # > 0 after a resume
+        self.unadded_frames = 0                  # this actor's, not yet in the job's counter
+        self.global_frames = self.frames.read()  # the counter (> 0 after a resume) + unadded
         self.target_in_steps = not cfg.target_period_in_updates()
         # Actors evaluate between training steps only when no evaluator ranks do it
         # (eval_slot None), each (index, count) of the evaluating ranks staggered.
@@ -98,8 +111,22 @@ class Actor:
     def sync(self) -> None:
         self.versions = self.store.pull(self.theta)
 
+    def add_frames(self) -> int:
+        """Add this actor's unadded frames to the job's counter (every ``frames_added_every``
+        steps, and before a checkpoint, which must find none unadded) and ask for the target
+        refreshes that the addition's agent steps crossed; returns the counter's new value."""
+        added, self.unadded_frames = self.unadded_frames, 0
+        self.global_frames = self.frames.add(added)
+        skip = self.env.frames_per_step
+        due = target_refreshes_due(self.global_frames // skip, added // skip,
+                                   self.cfg.target_update_every)
+        if self.target_in_steps and due:
+            self.store.request_target_refresh(due)   # the period counted in global agent steps
+        return self.global_frames
+
     def step(self) -> int:
-        """One agent step in every environment; returns the global frame count after it."""
+        """One agent step in every environment; returns the global frame count after it as this
+        actor sees it (the counter's last value and its own unadded frames)."""
         if self.steps % self.cfg.actor_sync_every == 0 and self.steps:
             self.sync()
         with torch.no_grad():
@@ -108,11 +135,10 @@ class Actor:
         res = self.env.step(actions)
         self.steps += 1
         self.local_frames += self.frames_per_step
-        self.global_frames = self.frames.add(self.frames_per_step)
-        if self.target_in_steps and target_refresh_due(
-                self.global_frames // self.env.frames_per_step, self.env.num_envs,
-                self.cfg.target_update_every):
-            self.store.request_target_refresh()       # the period counted in global agent steps
+        self.unadded_frames += self.frames_per_step
+        self.global_frames += self.frames_per_step
+        if self.steps % self.frames_added_every == 0:
+            self.add_frames()
         for i in range(self.env.num_envs):
             self.sink.add(i, int(actions[i]), float(res.reward[i]), bool(res.terminal[i]),
                           res.last_frame[i])

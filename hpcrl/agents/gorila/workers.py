@@ -21,7 +21,7 @@ import numpy as np
 from hpcrl.agents.base import TargetNetwork, WorkerBase, set_torch_rng_state, torch_rng_state
 from hpcrl.agents.evaluation import EvaluationInterrupted, evaluate, final_evaluation, \
     interrupt_at_checkpoint
-from hpcrl.agents.gorila.actor import Actor, LocalReplaySink
+from hpcrl.agents.gorila.actor import FRAMES_ADDED_EVERY, Actor, LocalReplaySink
 from hpcrl.agents.gorila.learner import GorilaLearner
 from hpcrl.core import LearnerStats, sub_state, with_prefix
 from hpcrl.envs import env_spec, make_env_from_config
@@ -78,7 +78,8 @@ class BundleWorker(WorkerBase):
                         for i in range(n_env)]
         self.actor = Actor(cfg, ctx.rank, ctx.store, ctx.link, LocalReplaySink(self.replays),
                            env=self.env, eval_slot=eval_slot(ctx),
-                           eval_interrupt=interrupt_at_checkpoint(ctx.coord.due))
+                           eval_interrupt=interrupt_at_checkpoint(ctx.coord.due),
+                           frames_added_every=FRAMES_ADDED_EVERY)
         target = build_network(cfg, self.env.obs_shape, self.env.num_actions)
         self.learner = GorilaLearner(self.actor.net, target, cfg)
         self.target = TargetNetwork(ctx.store, target)
@@ -111,6 +112,9 @@ class BundleWorker(WorkerBase):
 
     def stats(self) -> LearnerStats:
         return self.learner.stats
+
+    def before_checkpoint(self) -> None:
+        self.actor.add_frames()               # the checkpoint's frame count is the job's
 
     def after_checkpoint(self) -> None:
         self.actor.sync()                     # parameters may have moved during the pause
@@ -189,11 +193,12 @@ class ActorWorker(WorkerBase):
             steps = self.actor.global_frames // self.actor.env.frames_per_step
             if actors_ahead(steps, self.applied.read(), self.every, self.head_start):
                 time.sleep(LEARNER_PACE_S)
-                self.actor.global_frames = self.actor.frames.read()
-                return
+                self.actor.add_frames()       # the learners pace on the counter: nothing
+                return                        # of a waiting actor's stays unadded
         self.actor.step()
 
     def before_checkpoint(self) -> None:
+        self.actor.add_frames()
         self.sink.marker()
 
     def after_checkpoint(self) -> None:

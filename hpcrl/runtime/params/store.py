@@ -350,10 +350,11 @@ class ParameterStore:
         """The version of shard 0's target copy (it changes when the ps refreshes it)."""
         return self.read_word(0, TV)
 
-    def request_target_refresh(self) -> None:
-        """Ask every shard to copy its parameters to the target copy (async methods' I_target)."""
+    def request_target_refresh(self, count: int = 1) -> None:
+        """Ask every shard for ``count`` copies of its parameters to the target copy (async
+        methods' I_target; one per multiple of the period crossed)."""
         for j in range(self.n_ps):
-            self._atomic(j, Word.TARGET_REQ, 1, MPI.SUM)
+            self._atomic(j, Word.TARGET_REQ, count, MPI.SUM)
 
     def done(self) -> None:
         """This client will push no more: a shard stops serving when all clients said so."""
