@@ -74,7 +74,7 @@ class Actor:
         self.frames = store.word(Word.FRAMES)
         self.local_frames = self.steps = 0
         self.unadded_frames = 0                  # this actor's, not yet in the job's counter
-        self.global_frames = self.frames.read()  # the counter (> 0 after a resume) + unadded
+        self.counted_frames = self.frames.read()  # the counter's last value (> 0 after a resume)
         self.target_in_steps = not cfg.target_period_in_updates()
         # Actors evaluate between training steps only when no evaluator ranks do it
         # (eval_slot None), each (index, count) of the evaluating ranks staggered.
@@ -111,18 +111,25 @@ class Actor:
     def sync(self) -> None:
         self.versions = self.store.pull(self.theta)
 
+    @property
+    def global_frames(self) -> int:
+        """The job's frames as this actor sees them: the counter's last value and its own
+        unadded frames."""
+        return self.counted_frames + self.unadded_frames
+
     def add_frames(self) -> int:
         """Add this actor's unadded frames to the job's counter (every ``frames_added_every``
         steps, and before a checkpoint, which must find none unadded) and ask for the target
         refreshes that the addition's agent steps crossed; returns the counter's new value."""
         added, self.unadded_frames = self.unadded_frames, 0
-        self.global_frames = self.frames.add(added)
-        skip = self.env.frames_per_step
-        due = target_refreshes_due(self.global_frames // skip, added // skip,
-                                   self.cfg.target_update_every)
-        if self.target_in_steps and due:
-            self.store.request_target_refresh(due)   # the period counted in global agent steps
-        return self.global_frames
+        self.counted_frames = self.frames.add(added)
+        if self.target_in_steps:                     # the period counted in global agent steps
+            skip = self.env.frames_per_step
+            due = target_refreshes_due(self.counted_frames // skip, added // skip,
+                                       self.cfg.target_update_every)
+            if due:
+                self.store.request_target_refresh(due)
+        return self.counted_frames
 
     def step(self) -> int:
         """One agent step in every environment; returns the global frame count after it as this
@@ -136,7 +143,6 @@ class Actor:
         self.steps += 1
         self.local_frames += self.frames_per_step
         self.unadded_frames += self.frames_per_step
-        self.global_frames += self.frames_per_step
         if self.steps % self.frames_added_every == 0:
             self.add_frames()
         for i in range(self.env.num_envs):
