@@ -168,6 +168,10 @@ class ActorLearnerWorker(WorkerBase):
         return self.learner.stats
 
     def after_checkpoint(self) -> None:
+        # The counter again: this rank's last addition may have come before other ranks' of
+        # the checkpoint, and an episode stamped at or below the checkpoint's frames would be
+        # kept by a resume's metrics rollback (MetricsWriter.rollback) and played again.
+        self.frames_seen = self.frames.read()
         self.versions = self.store.pull(self.theta)
 
     def pull_final(self) -> None:

@@ -111,6 +111,19 @@ class Actor:
     def sync(self) -> None:
         self.versions = self.store.pull(self.theta)
 
+    def after_checkpoint(self) -> None:
+        """Read the counter again (every frame of the checkpoint is in it, the checkpoint's
+        frames or more) and pull the parameters, which may have moved during the pause.
+
+        The counter's last value this actor saw, from its own addition before the checkpoint,
+        may fall short of the checkpoint's frames by the other actors' additions after it; an
+        episode ending soon after would then be stamped at or below them, and a resume from
+        this checkpoint, which keeps the metrics rows stamped at or below its frames
+        (:meth:`hpcrl.io.metrics.writer.MetricsWriter.rollback`), would keep that episode
+        and play it again."""
+        self.counted_frames = self.frames.read()
+        self.sync()
+
     @property
     def global_frames(self) -> int:
         """The job's frames as this actor sees them: the counter's last value and its own

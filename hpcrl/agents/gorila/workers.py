@@ -117,7 +117,7 @@ class BundleWorker(WorkerBase):
         self.actor.add_frames()               # the checkpoint's frame count is the job's
 
     def after_checkpoint(self) -> None:
-        self.actor.sync()                     # parameters may have moved during the pause
+        self.actor.after_checkpoint()
 
     def get_state(self) -> dict:
         out = _common_state(self.actor, self.learner)
@@ -202,7 +202,7 @@ class ActorWorker(WorkerBase):
         self.sink.marker()
 
     def after_checkpoint(self) -> None:
-        self.actor.sync()
+        self.actor.after_checkpoint()
 
     def get_state(self) -> dict:
         return _common_state(self.actor, None)
