@@ -46,6 +46,12 @@ def states(root, gen):
                       for e in manifest["files"]}
 
 
+def running_frames(generation_states):
+    """The frames of the episodes running at a generation, summed over its rank files."""
+    return sum(int(np.sum(st[k])) for st in generation_states.values() for k in st
+               if k.endswith("episode_frames_so_far"))
+
+
 @pytest.mark.parametrize("config, extra", [
     ("gorila_cartpole", []), ("a3c_cartpole", []),
     ("gorila_cartpole", ["--set", "envs_per_actor=3"]),     # a replay per environment
@@ -93,9 +99,7 @@ def test_sigterm_checkpoint_resume_exact(config, extra, tmp_path):
     total = int(s3["rank-00000.h5"]["hdr/frames"])
     assert total >= 2 * frames_s and m3["frames"] == total
     eps = read_metrics(run_dir / "metrics.h5")["episodes"]
-    running = sum(int(np.sum(st[k])) for st in s3.values() for k in st
-                  if k.endswith("episode_frames_so_far"))
-    assert int(eps["length"].sum()) + running == total
+    assert int(eps["length"].sum()) + running_frames(s3) == total
     # The frame identity above is exact: a duplicated or missing episode breaks it. With one
     # env per rank, (rank, frame stamp) also names an episode; with several, episodes of two
     # envs may end at the same agent step and share a stamp.
@@ -140,9 +144,8 @@ def test_every_generation_is_the_metrics_rows_stamped_at_or_below_it(config, fra
     wrong = []
     for gen in gens:
         manifest, st = states(root, gen)
-        running = sum(int(np.sum(s[k])) for s in st.values() for k in s
-                      if k.endswith("episode_frames_so_far"))
-        counted = int(eps["length"][eps["frames"] <= manifest["frames"]].sum()) + running
+        counted = (int(eps["length"][eps["frames"] <= manifest["frames"]].sum())
+                   + running_frames(st))
         if counted != manifest["frames"]:
             wrong.append((gen, manifest["frames"], counted))
     assert not wrong, wrong
@@ -222,9 +225,7 @@ def test_resume_with_more_then_fewer_ps_ranks(tmp_path):
     total = int(s3["rank-00000.h5"]["hdr/frames"])
     assert total >= 4500
     eps = read_metrics(run_dir / "metrics.h5")["episodes"]
-    running = sum(int(np.sum(st[k])) for st in s3.values() for k in st
-                  if k.endswith("episode_frames_so_far"))
-    assert int(eps["length"].sum()) + running == total
+    assert int(eps["length"].sum()) + running_frames(s3) == total
 
 
 def test_a_signal_stop_whose_checkpoint_fails_is_not_requeued(tmp_path):
