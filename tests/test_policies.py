@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from hpcrl.rl.policies import (LinearSchedule, LossOutlierFilter, epsilon_greedy, learning_rate,
-                                linear_lr, sample_final_epsilon)
+from hpcrl.rl.policies import (LinearSchedule, LossOutlierFilter, epsilon_greedy,
+                                epsilon_greedy_lazy, learning_rate, linear_lr,
+                                sample_final_epsilon)
 
 
 def test_linear_schedule_by_hand():
@@ -106,6 +107,73 @@ def test_epsilon_greedy_single_and_per_row_epsilon():
     a = epsilon_greedy(q[:100], 0.5, np.random.default_rng(7))
     b = epsilon_greedy(q[:100], 0.5, np.random.default_rng(7))
     np.testing.assert_array_equal(a, b)
+
+
+def _eager_epsilon_greedy(q, epsilon, rng):
+    """The rule as it reads on paper, Q-values always at hand: explore draws, uniform actions,
+    tie-breaking draws, then the masked choice; returns the actions and the explore mask."""
+    batch, num_actions = q.shape
+    explore = rng.random(batch) < np.asarray(epsilon)
+    uniform = rng.integers(0, num_actions, batch)
+    tie_draws = rng.random((batch, num_actions))
+    greedy = [max((a for a in range(num_actions) if q[i, a] == q[i].max()),
+                  key=lambda a: tie_draws[i, a]) for i in range(batch)]
+    return np.where(explore, uniform, greedy), explore
+
+
+@pytest.mark.parametrize("batch, epsilon", [(1, 0.9), (1, 0.05), (8, 0.6), (8, "per row"),
+                                            (3, 1.0), (3, 0.0)])
+def test_lazy_epsilon_greedy_reads_q_only_when_some_row_is_greedy(batch, epsilon):
+    """The same actions and generator position as the eager rule, step after step, with
+    Q-values full of ties; Q is asked for exactly on the steps where some row acts greedily
+    (never at epsilon 1, every step at 0)."""
+    if epsilon == "per row":
+        epsilon = np.linspace(0.5, 1.0, batch)
+    values = np.random.default_rng(0)
+    lazy_rng, eager_rng = np.random.default_rng(7), np.random.default_rng(7)
+    asked = needed = 0
+    steps = 400
+    for _ in range(steps):
+        q = values.integers(0, 3, (batch, 4)).astype(np.float32)
+
+        def q_values(q=q):
+            nonlocal asked
+            asked += 1
+            return q
+        actions = epsilon_greedy_lazy(q_values, batch, 4, epsilon, lazy_rng)
+        expected, explore = _eager_epsilon_greedy(q, epsilon, eager_rng)
+        np.testing.assert_array_equal(actions, expected)
+        assert actions.dtype == np.int64
+        needed += not explore.all()
+    assert lazy_rng.random() == eager_rng.random()
+    assert asked == needed
+    if np.all(np.asarray(epsilon) == 1.0):
+        assert asked == 0
+    if np.all(np.asarray(epsilon) == 0.0):
+        assert asked == steps
+    if batch == 1 and epsilon == 0.9:
+        assert 0.05 * steps < asked < 0.2 * steps
+
+
+def test_evaluation_policy_runs_the_network_only_when_it_acts_greedily():
+    """FixedEpsilonPolicy (the evaluation protocol's epsilon): no forward at epsilon 1, one per
+    step at 0, whose actions are the network's argmax."""
+    import torch
+
+    from hpcrl.rl.acting import FixedEpsilonPolicy
+    from hpcrl.rl.networks import MLPQNetwork
+
+    torch.manual_seed(0)
+    net = MLPQNetwork(3, 5, hidden=(8,))
+    calls = []
+    net.register_forward_hook(lambda *_: calls.append(1))
+    obs = np.random.default_rng(1).normal(size=(6, 3)).astype(np.float32)
+    FixedEpsilonPolicy(net, 1.0, np.random.default_rng(2)).act(obs)
+    assert calls == []
+    actions = FixedEpsilonPolicy(net, 0.0, np.random.default_rng(2)).act(obs)
+    assert calls == [1]
+    with torch.no_grad():
+        np.testing.assert_array_equal(actions, net(torch.from_numpy(obs)).argmax(1).numpy())
 
 
 def test_sample_final_epsilon_distribution():

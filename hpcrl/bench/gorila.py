@@ -144,6 +144,10 @@ def bench_gorila_scaling(ranks: int, runs: int, seconds: float, warmup: float,
     if not every:
         raise SystemExit("bench scaling --algo gorila: split mode needs split_update_every > 0 "
                          "(the bound assumes a fixed replay ratio)")
+    # The job acts at its final epsilon from the start, as a run does after its first
+    # epsilon_frames: the bound runs a forward every acting step, and an actor still exploring
+    # skips the forward on the steps where every environment explores (epsilon_greedy_lazy).
+    overrides = [f"epsilon_start={cfg.epsilon_end}", *overrides]
     cores = n_cores()
     bound_s = max(10.0, seconds / 3)
     bounds = [concurrent_bound(cores, every, bound_s)]

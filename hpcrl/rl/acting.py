@@ -16,8 +16,8 @@ import torch
 from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
 from hpcrl.rl.gaussian import mean_action, sample_gaussian
 from hpcrl.rl.networks import reset_lstm_state
-from hpcrl.rl.policies import LinearSchedule, epsilon_greedy, sample_final_epsilon, \
-    sample_from_logits
+from hpcrl.rl.policies import LinearSchedule, epsilon_greedy, epsilon_greedy_lazy, \
+    sample_final_epsilon, sample_from_logits
 
 
 class EpsilonGreedyPolicy:
@@ -25,7 +25,9 @@ class EpsilonGreedyPolicy:
     epsilons (Mnih et al. 2016, §8).
 
     Each env samples its final epsilon from {0.1, 0.01, 0.5} and anneals to it linearly from 1
-    over ``anneal_frames`` frames of this rank.
+    over ``anneal_frames`` frames of this rank. The forward runs at every step, exploring or
+    not: the learner takes its gradient from these acting passes' activations
+    (``hpcrl.rl.reuse``), and a rollout with a pass missing would re-run the forward.
     """
 
     state = None
@@ -72,11 +74,15 @@ class FixedEpsilonPolicy:
 
     def __init__(self, net: torch.nn.Module, epsilon: float, rng: np.random.Generator):
         self.net, self.epsilon, self.rng = net, epsilon, rng
+        self.num_actions = net.q_head.out_features        # every Q-network's last layer
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            q = self.net(torch.from_numpy(obs)).numpy()
-        return np.asarray(epsilon_greedy(q, self.epsilon, self.rng))
+        """Actions for ``obs`` [B, ...]; the forward runs only when some row acts greedily."""
+        def q_values():
+            with torch.no_grad():
+                return self.net(torch.from_numpy(obs)).numpy()
+        return epsilon_greedy_lazy(q_values, obs.shape[0], self.num_actions, self.epsilon,
+                                   self.rng)
 
     def episode_end(self, end: np.ndarray) -> None:
         pass

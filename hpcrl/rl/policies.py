@@ -6,6 +6,7 @@ final epsilon sampled from {0.1, 0.01, 0.5}, learning rate annealed linearly to 
 """
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -59,13 +60,27 @@ def epsilon_greedy(q_values: np.ndarray, epsilon, rng: np.random.Generator):
     single = q.ndim == 1
     q = q[None] if single else q
     assert q.ndim == 2, q.shape
-    batch, num_actions = q.shape
+    actions = epsilon_greedy_lazy(lambda: q, q.shape[0], q.shape[1], epsilon, rng)
+    return int(actions[0]) if single else actions
+
+
+def epsilon_greedy_lazy(q_values: Callable[[], np.ndarray], batch: int, num_actions: int,
+                        epsilon, rng: np.random.Generator) -> np.ndarray:
+    """:func:`epsilon_greedy` over ``batch`` rows that calls ``q_values()`` (-> [B, A]) only
+    when some row acts greedily: the same actions and the same draws from ``rng``, in the same
+    order, whatever the values; a row that explores never reads its Q-values, so when every
+    row explores (most steps of DQN's first 1 M frames, epsilon annealed from 1) the network's
+    forward is not run at all. Returns int64 [B]."""
     explore = rng.random(batch) < np.asarray(epsilon)
     random_actions = rng.integers(0, num_actions, batch)
+    tie_draws = rng.random((batch, num_actions))
+    if explore.all():
+        return random_actions.astype(np.int64)
+    q = np.asarray(q_values())
+    assert q.shape == (batch, num_actions), (q.shape, batch, num_actions)
     ties = q == q.max(axis=1, keepdims=True)
-    greedy = np.argmax(np.where(ties, rng.random((batch, num_actions)), -1.0), axis=1)
-    actions = np.where(explore, random_actions, greedy).astype(np.int64)
-    return int(actions[0]) if single else actions
+    greedy = np.argmax(np.where(ties, tie_draws, -1.0), axis=1)
+    return np.where(explore, random_actions, greedy).astype(np.int64)
 
 
 FINAL_EPSILONS = (0.1, 0.01, 0.5)

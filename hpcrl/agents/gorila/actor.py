@@ -14,7 +14,7 @@ from hpcrl.core import sub_state, with_prefix
 from hpcrl.envs import make_env_from_config
 from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
 from hpcrl.rl.networks import build_network
-from hpcrl.rl.policies import LinearSchedule, epsilon_greedy
+from hpcrl.rl.policies import LinearSchedule, epsilon_greedy_lazy
 from hpcrl.rl.replay import ReplayMemory
 from hpcrl.runtime.context import ClientLink, rank_seed
 from hpcrl.runtime.params.header import Word
@@ -144,14 +144,19 @@ class Actor:
                 self.store.request_target_refresh(due)
         return self.counted_frames
 
+    def q_values(self) -> np.ndarray:
+        """Q(s, .) of the current observations, [num_envs, A]: run only when some environment
+        acts greedily this step (:func:`hpcrl.rl.policies.epsilon_greedy_lazy`)."""
+        with torch.no_grad():
+            return self.net(torch.from_numpy(self.obs)).numpy()
+
     def step(self) -> int:
         """One agent step in every environment; returns the global frame count after it as this
         actor sees it (the counter's last value and its own unadded frames)."""
         if self.steps % self.cfg.actor_sync_every == 0 and self.steps:
             self.sync()
-        with torch.no_grad():
-            q = self.net(torch.from_numpy(self.obs)).numpy()
-        actions = np.asarray(epsilon_greedy(q, self.epsilon.value(self.local_frames), self.rng))
+        actions = epsilon_greedy_lazy(self.q_values, self.env.num_envs, self.env.num_actions,
+                                      self.epsilon.value(self.local_frames), self.rng)
         res = self.env.step(actions)
         self.steps += 1
         self.local_frames += self.frames_per_step
