@@ -136,8 +136,9 @@ class Config:
                                  choices=("auto", "updates", "agent_steps"))
 
     # --- Gorila actor / learner / replay -----------------------------------------------------
-    actor_sync_every: int = _f(16, "actor pulls behaviour parameters every this many agent steps "
-                               "(1 = Gorila paper: before every acting step)", lo=1)
+    actor_sync_every: int = _f(16, "actor pulls behaviour parameters every this many acting "
+                               "steps, each one agent step in every one of its envs_per_actor "
+                               "environments (1 = Gorila paper: before every acting step)", lo=1)
     learner_sync_every: int = _f(1, "learner pulls parameters every this many updates", lo=1)
     replay_capacity: int = _f(300_000, "transitions per replay memory (local: per actor; "
                               "global: per replay rank); 300 k: 3 bundles hold 6.4 GB of Atari "
