@@ -382,3 +382,48 @@ def test_state_of_a_partly_filled_memory_holds_only_the_written_prefix():
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     assert other.size == memory.size == 5
+
+
+def _stream(i, steps, seed=None):
+    """A memory whose rewards and frames are all i, ``steps`` steps long."""
+    m = ReplayMemory(capacity=60, frame_shape=(1,), frame_dtype=np.float32, stack=2,
+                     seed=10 + i if seed is None else seed)
+    _fill(m, [("first", i)] + [(i % 2, float(i), step % 7 == 6, i) for step in range(steps)])
+    return m
+
+
+@pytest.mark.parametrize("n, batch", [(8, 32), (3, 32), (1, 32), (5, 3)])
+def test_a_batch_across_memories_is_each_memorys_own_sample_of_its_drawn_share(n, batch):
+    """sample_across: the shares are one multinomial draw over the memories' sizes; memory i
+    (rewards and frames all i) gives its share as its own sample would (a twin memory of the
+    same seed), in memory order."""
+    from hpcrl.rl.replay import sample_across
+
+    out = sample_across([_stream(i, 40) for i in range(n)], batch, np.random.default_rng(3))
+    sizes = np.array([_stream(i, 40).size for i in range(n)], np.float64)
+    shares = np.random.default_rng(3).multinomial(batch, sizes / sizes.sum())
+    assert len(out.r_t) == batch
+    np.testing.assert_array_equal(out.r_t, np.repeat(np.arange(n, dtype=np.float32), shares))
+    start = 0
+    for i, share in enumerate(shares):
+        if share:
+            alone = _stream(i, 40).sample(int(share))
+            for got, want in zip(out, alone):
+                np.testing.assert_array_equal(got[start:start + share], want)
+        start += share
+
+
+def test_a_batch_across_memories_is_uniform_over_their_union():
+    """Memories of 10, 30 and 0 valid transitions: over 4,000 batches of 32 the first gives a
+    quarter of the transitions and the second three quarters (multinomial: within 4 std of
+    128,000 draws), the empty one none; no memory at all has nothing to sample."""
+    from hpcrl.rl.replay import sample_across
+
+    memories = [_stream(0, 10), _stream(1, 30), _stream(2, 0)]
+    assert [m.size for m in memories] == [10, 30, 0]
+    rng = np.random.default_rng(5)
+    from_first = sum(int((sample_across(memories, 32, rng).r_t == 0).sum()) for _ in range(4000))
+    n = 4000 * 32
+    assert abs(from_first - n / 4) < 4 * (n * 0.25 * 0.75) ** 0.5
+    with pytest.raises(ValueError, match="no valid transition"):
+        sample_across([_stream(2, 0)], 32, rng)

@@ -372,6 +372,25 @@ class ReplayMemory:
         generator_state_from_array(self._rng, state["rng_state"])
 
 
+def sample_across(memories: list[ReplayMemory], batch_size: int,
+                  rng: np.random.Generator) -> Transition:
+    """A minibatch drawn uniformly from the union of several memories (one per environment
+    stream, since stacking needs each stream's steps in order): each transition's memory drawn
+    in proportion to its number of valid transitions (``rng``), then each memory's share drawn
+    by that memory (:meth:`ReplayMemory.sample`), concatenated in memory order. Memories with
+    no valid transition are skipped.
+
+    A batch from one stream's memory picked at random would span the episodes of that memory
+    only, 1 / n of the capacity of n streams."""
+    mems = [m for m in memories if m.size > 0]
+    if not mems:
+        raise ValueError("cannot sample from replay memories with no valid transition")
+    sizes = np.array([m.size for m in mems], np.float64)
+    counts = rng.multinomial(batch_size, sizes / sizes.sum())
+    parts = [m.sample(int(c)) for m, c in zip(mems, counts) if c > 0]
+    return Transition(*(np.concatenate(field) for field in zip(*parts)))
+
+
 def _read_only_view(array: np.ndarray) -> np.ndarray:
     view = array.view()
     view.flags.writeable = False

@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from hpcrl.runtime import watchdog
 from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
-from hpcrl.rl.replay import ReplayMemory
+from hpcrl.rl.replay import ReplayMemory, sample_across
 from hpcrl.rl.types import Transition
 
 CHUNK, CHUNK_FRAMES, CHUNK_META, REQUEST, BATCH, BATCH_S_TM1, BATCH_S_T, BATCH_META, END, \
@@ -167,11 +167,7 @@ class ReplayServer:
 
     def sample(self, batch_size: int) -> Transition:
         """A minibatch over all streams, each transition's stream drawn in proportion to size."""
-        mems = [m for m in self.memories.values() if m.size > 0]
-        sizes = np.array([m.size for m in mems], np.float64)
-        counts = self.rng.multinomial(batch_size, sizes / sizes.sum())
-        parts = [m.sample(int(c)) for m, c in zip(mems, counts) if c > 0]
-        return Transition(*(np.concatenate(field) for field in zip(*parts)))
+        return sample_across(list(self.memories.values()), batch_size, self.rng)
 
     def _answer(self, src: int) -> None:
         req = np.zeros(1, np.int64)

@@ -5,7 +5,8 @@
   bundle's ``envs_per_actor`` environments), once the replay holds ``replay_min_fill``
   transitions, the learner refreshes its Q-network from the store (every
   ``learner_sync_every`` updates) and its target network when the ps has refreshed it,
-  samples a minibatch, computes the DQN gradient and pushes it, tagged with the parameter
+  samples a minibatch (across the memories of its environments: one per environment,
+  :func:`hpcrl.rl.replay.sample_across`), computes the DQN gradient and pushes it, tagged with the parameter
   versions it was computed from. Actor and learner share one network object: the learner's
   pulls also refresh the behaviour policy.
 * :class:`ActorWorker`, :class:`LearnerWorker`: split mode, with global replay ranks.
@@ -28,7 +29,7 @@ from hpcrl.envs import env_spec, make_env_from_config
 from hpcrl.io.rngstate import generator_state_from_array, generator_state_to_array
 from hpcrl.rl.networks import build_network
 from hpcrl.rl.policies import learning_rate
-from hpcrl.rl.replay import ReplayMemory, frame_layout
+from hpcrl.rl.replay import ReplayMemory, frame_layout, sample_across
 from hpcrl.runtime.context import Context
 from hpcrl.runtime.params.header import Word
 from hpcrl.runtime.params.layout import bind_parameters
@@ -104,8 +105,8 @@ class BundleWorker(WorkerBase):
             if self.learner.stats.updates % cfg.learner_sync_every == 0:
                 actor.sync()
             self.target.refresh()
-            replay = self.replays[int(actor.rng.integers(self.n_env))]
-            grad = self.learner.gradient(replay.sample(cfg.batch_size), self.target.pulls)
+            batch = sample_across(self.replays, cfg.batch_size, actor.rng)
+            grad = self.learner.gradient(batch, self.target.pulls)
             if grad is not None:
                 self.store.push(grad, actor.versions, learning_rate(cfg, actor.global_frames),
                                 self.learner.sq_norm)
