@@ -384,10 +384,9 @@ def test_state_of_a_partly_filled_memory_holds_only_the_written_prefix():
     assert other.size == memory.size == 5
 
 
-def _stream(i, steps, seed=None):
+def _stream(i, steps):
     """A memory whose rewards and frames are all i, ``steps`` steps long."""
-    m = ReplayMemory(capacity=60, frame_shape=(1,), frame_dtype=np.float32, stack=2,
-                     seed=10 + i if seed is None else seed)
+    m = ReplayMemory(capacity=60, frame_shape=(1,), frame_dtype=np.float32, stack=2, seed=10 + i)
     _fill(m, [("first", i)] + [(i % 2, float(i), step % 7 == 6, i) for step in range(steps)])
     return m
 

@@ -69,8 +69,8 @@ def epsilon_greedy_lazy(q_values: Callable[[], np.ndarray], batch: int, num_acti
     """:func:`epsilon_greedy` over ``batch`` rows that calls ``q_values()`` (-> [B, A]) only
     when some row acts greedily: the same actions and the same draws from ``rng``, in the same
     order, whatever the values; a row that explores never reads its Q-values, so when every
-    row explores (over DQN's anneal of epsilon from 1, about half the steps of one environment) the network's
-    forward is not run at all. Returns int64 [B]."""
+    row explores (over DQN's anneal of epsilon from 1, about half the steps of one
+    environment) the network's forward is not run at all. Returns int64 [B]."""
     explore = rng.random(batch) < np.asarray(epsilon)
     random_actions = rng.integers(0, num_actions, batch)
     tie_draws = rng.random((batch, num_actions))

@@ -388,6 +388,8 @@ def sample_across(memories: list[ReplayMemory], batch_size: int,
     sizes = np.array([m.size for m in mems], np.float64)
     counts = rng.multinomial(batch_size, sizes / sizes.sum())
     parts = [m.sample(int(c)) for m, c in zip(mems, counts) if c > 0]
+    if len(parts) == 1:                  # one memory (one environment): no copy of its batch
+        return parts[0]
     return Transition(*(np.concatenate(field) for field in zip(*parts)))
 
 

@@ -5,10 +5,10 @@
   bundle's ``envs_per_actor`` environments), once the replay holds ``replay_min_fill``
   transitions, the learner refreshes its Q-network from the store (every
   ``learner_sync_every`` updates) and its target network when the ps has refreshed it,
-  samples a minibatch (across the memories of its environments: one per environment,
-  :func:`hpcrl.rl.replay.sample_across`), computes the DQN gradient and pushes it, tagged with the parameter
-  versions it was computed from. Actor and learner share one network object: the learner's
-  pulls also refresh the behaviour policy.
+  samples a minibatch (across its environments' memories, one per environment:
+  :func:`hpcrl.rl.replay.sample_across`), computes the DQN gradient and pushes it, tagged with
+  the parameter versions it was computed from. Actor and learner share one network object:
+  the learner's pulls also refresh the behaviour policy.
 * :class:`ActorWorker`, :class:`LearnerWorker`: split mode, with global replay ranks.
 * :class:`EvaluatorWorker`: evaluation episodes every ``eval_every_frames`` global frames.
 """
